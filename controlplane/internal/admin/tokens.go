@@ -1,0 +1,266 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/ids"
+	"github.com/sluicegw/sluice/internal/token"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+// adminTokenService implements AdminTokenService.
+type adminTokenService struct{ *Server }
+
+const objAdminToken = "admin_token"
+
+func scopeToProto(s authz.Scope) adminv1.Scope {
+	switch s {
+	case authz.ScopePlatform:
+		return adminv1.Scope_SCOPE_PLATFORM
+	case authz.ScopeOrg:
+		return adminv1.Scope_SCOPE_ORG
+	case authz.ScopeTeam:
+		return adminv1.Scope_SCOPE_TEAM
+	}
+	return adminv1.Scope_SCOPE_UNSPECIFIED
+}
+
+func scopeFromProto(s adminv1.Scope) (authz.Scope, bool) {
+	switch s {
+	case adminv1.Scope_SCOPE_PLATFORM:
+		return authz.ScopePlatform, true
+	case adminv1.Scope_SCOPE_ORG:
+		return authz.ScopeOrg, true
+	case adminv1.Scope_SCOPE_TEAM:
+		return authz.ScopeTeam, true
+	}
+	return 0, false
+}
+
+func roleToProto(r authz.Role) adminv1.Role {
+	switch r {
+	case authz.RoleViewer:
+		return adminv1.Role_ROLE_VIEWER
+	case authz.RoleEditor:
+		return adminv1.Role_ROLE_EDITOR
+	case authz.RoleAdmin:
+		return adminv1.Role_ROLE_ADMIN
+	}
+	return adminv1.Role_ROLE_UNSPECIFIED
+}
+
+func roleFromProto(r adminv1.Role) (authz.Role, bool) {
+	switch r {
+	case adminv1.Role_ROLE_VIEWER:
+		return authz.RoleViewer, true
+	case adminv1.Role_ROLE_EDITOR:
+		return authz.RoleEditor, true
+	case adminv1.Role_ROLE_ADMIN:
+		return authz.RoleAdmin, true
+	}
+	return 0, false
+}
+
+
+
+func adminTokenToProto(a store.AdminToken) *adminv1.AdminToken {
+	out := &adminv1.AdminToken{
+		Id: a.ID, Name: a.Name, Scope: scopeToProto(a.Scope), OrgId: a.OrgID, TeamId: a.TeamID,
+		Role: roleToProto(a.Role), DisplayPrefix: a.DisplayPrefix, Last4: a.Last4,
+		CreateTime: timestamppb.New(a.CreatedAt), CreatedBy: a.CreatedBy,
+	}
+	if a.ExpiresAt != nil {
+		out.ExpireTime = timestamppb.New(*a.ExpiresAt)
+	}
+	if a.RevokedAt != nil {
+		out.RevokeTime = timestamppb.New(*a.RevokedAt)
+	}
+	return out
+}
+
+// tokenTarget is the authz target of a token of the given scope.
+func tokenTarget(scope authz.Scope, orgID, teamID, what string) authz.Target {
+	switch scope {
+	case authz.ScopeOrg:
+		return authz.OrgTarget(orgID, what)
+	case authz.ScopeTeam:
+		return authz.TeamTarget(orgID, teamID, what)
+	}
+	return authz.PlatformTarget(what)
+}
+
+func (s *adminTokenService) CreateAdminToken(ctx context.Context, req *connect.Request[adminv1.CreateAdminTokenRequest]) (*connect.Response[adminv1.CreateAdminTokenResponse], error) {
+	m := req.Msg
+	p := principal(ctx)
+	c := &validator{}
+	validateName(c, "name", m.GetName(), 100)
+	scope, ok := scopeFromProto(m.GetScope())
+	if !ok {
+		c.add("scope", "required: SCOPE_PLATFORM, SCOPE_ORG or SCOPE_TEAM")
+	}
+	role, ok := roleFromProto(m.GetRole())
+	if !ok {
+		c.add("role", "required: ROLE_VIEWER, ROLE_EDITOR or ROLE_ADMIN")
+	}
+	orgID, teamID := m.GetOrgId(), m.GetTeamId()
+	if orgID == "" && scope != authz.ScopePlatform {
+		orgID = p.OrgID // default to the caller's org
+	}
+	if teamID == "" && scope == authz.ScopeTeam {
+		teamID = p.TeamID
+	}
+	switch scope {
+	case authz.ScopePlatform:
+		if orgID != "" || teamID != "" {
+			c.add("org_id", "must be empty for SCOPE_PLATFORM")
+		}
+	case authz.ScopeOrg:
+		if orgID == "" {
+			c.add("org_id", "required for SCOPE_ORG")
+		}
+		if teamID != "" {
+			c.add("team_id", "must be empty for SCOPE_ORG")
+		}
+	case authz.ScopeTeam:
+		if orgID == "" {
+			c.add("org_id", "required for SCOPE_TEAM")
+		}
+		if teamID == "" {
+			c.add("team_id", "required for SCOPE_TEAM")
+		}
+	}
+	var expires *timestampAt
+	if m.ExpireTime != nil {
+		if err := m.ExpireTime.CheckValid(); err != nil {
+			c.add("expire_time", "invalid timestamp")
+		} else if !m.ExpireTime.AsTime().After(s.store.Now()) {
+			c.add("expire_time", "must be in the future")
+		} else {
+			t := m.ExpireTime.AsTime().UTC()
+			expires = &timestampAt{t}
+		}
+	}
+	if err := c.err(); err != nil {
+		// Authorise first so that an unauthorised caller learns nothing
+		// from validation; a denied caller gets PermissionDenied.
+		if aerr := authz.Check(ctx, p, authz.ManageTokens, tokenTarget(scope, orgID, teamID, "admin tokens")); aerr != nil {
+			return nil, aerr
+		}
+		return nil, err
+	}
+	if err := authz.CanGrant(ctx, p, scope, orgID, teamID, role); err != nil {
+		return nil, err
+	}
+	raw := token.Generate(token.AdminPrefix)
+	hash, ver := s.peppers.HashCurrent(raw)
+	nt := store.NewAdminToken{
+		AdminToken: store.AdminToken{
+			ID: ids.New(ids.AdminToken), Name: m.GetName(), Scope: scope, OrgID: orgID, TeamID: teamID, Role: role,
+			DisplayPrefix: token.DisplayPrefix(token.AdminPrefix, raw), Last4: token.Last4(raw), CreatedBy: p.ID,
+		},
+		Hash: hash, PepperVersion: ver,
+	}
+	if expires != nil {
+		nt.ExpiresAt = &expires.t
+	}
+	var out *adminv1.AdminToken
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		// Foreign keys check that the org exists and the team is in it.
+		if err := tx.AdminTokenInsert(ctx, &nt); err != nil {
+			return err
+		}
+		out = adminTokenToProto(nt.AdminToken)
+		return tx.Audit(ctx, audit.ActionTokenCreated, objAdminToken, nt.ID, orgID, teamID, nil, auditJSON(out))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.CreateAdminTokenResponse{AdminToken: out, Token: raw}), nil
+}
+
+type timestampAt struct{ t time.Time }
+
+func (s *adminTokenService) ListAdminTokens(ctx context.Context, req *connect.Request[adminv1.ListAdminTokensRequest]) (*connect.Response[adminv1.ListAdminTokensResponse], error) {
+	p := principal(ctx)
+	t := tenant(ctx)
+	if req.Msg.GetOrgId() != "" {
+		if t.OrgID != "" && t.OrgID != req.Msg.GetOrgId() {
+			return nil, authz.Check(ctx, p, authz.ManageTokens, authz.OrgTarget(req.Msg.GetOrgId(), "admin tokens of org "+req.Msg.GetOrgId()))
+		}
+		t.OrgID = req.Msg.GetOrgId()
+	}
+	if req.Msg.GetTeamId() != "" {
+		if t.TeamID != "" && t.TeamID != req.Msg.GetTeamId() {
+			return nil, authz.Check(ctx, p, authz.ManageTokens, authz.TeamTarget(t.OrgID, req.Msg.GetTeamId(), "admin tokens of team "+req.Msg.GetTeamId()))
+		}
+		t.TeamID = req.Msg.GetTeamId()
+	}
+	if err := authz.Check(ctx, p, authz.ManageTokens, tokenTarget(p.Scope, p.OrgID, p.TeamID, "admin tokens")); err != nil {
+		return nil, err
+	}
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.store.AdminTokenList(ctx, t, req.Msg.GetIncludeRevoked(), store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListAdminTokensResponse{}
+	for _, r := range rows {
+		resp.AdminTokens = append(resp.AdminTokens, adminTokenToProto(r))
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *adminTokenService) RevokeAdminToken(ctx context.Context, req *connect.Request[adminv1.RevokeAdminTokenRequest]) (*connect.Response[adminv1.RevokeAdminTokenResponse], error) {
+	var out *adminv1.AdminToken
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.AdminTokenGetForUpdate(ctx, tenant(ctx), req.Msg.GetId())
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.ManageTokens, tokenTarget(cur.Scope, cur.OrgID, cur.TeamID, "admin token "+cur.ID)); err != nil {
+			return err
+		}
+		if cur.RevokedAt != nil {
+			return &store.Error{Code: store.ErrFailedPrecondition, Msg: "admin token " + cur.ID + " is already revoked"}
+		}
+		before := adminTokenToProto(cur)
+		if err := tx.AdminTokenRevoke(ctx, &cur); err != nil {
+			return err
+		}
+		out = adminTokenToProto(cur)
+		return tx.Audit(ctx, audit.ActionTokenRevoked, objAdminToken, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), auditJSON(out))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.RevokeAdminTokenResponse{AdminToken: out}), nil
+}
+
+func (s *adminTokenService) WhoAmI(ctx context.Context, _ *connect.Request[adminv1.WhoAmIRequest]) (*connect.Response[adminv1.WhoAmIResponse], error) {
+	p := principal(ctx)
+	if p == nil {
+		return nil, connect.NewError(connect.CodeUnauthenticated, errors.New("no principal"))
+	}
+	authz.MarkChecked(ctx) // describes the caller only
+	out := &adminv1.WhoAmIResponse{
+		Principal: p.ID, Name: p.Name, Scope: scopeToProto(p.Scope), OrgId: p.OrgID, TeamId: p.TeamID, Role: roleToProto(p.Role),
+	}
+	if !p.Expires.IsZero() {
+		out.ExpireTime = timestamppb.New(p.Expires)
+	}
+	return connect.NewResponse(out), nil
+}
