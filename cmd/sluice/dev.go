@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sluicegw/sluice/controlplane"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
+)
+
+// devDatabase is the database `sluice dev` uses (created if missing).
+const devDatabase = "sluice_dev"
+
+// devState is written to --state-file for scripts and tests.
+type devState struct {
+	AdminURL   string            `json:"admin_url"`
+	AdminToken string            `json:"admin_token"`
+	OrgID      string            `json:"org_id"`
+	TeamID     string            `json:"team_id"`
+	Keys       map[string]string `json:"keys"`
+}
+
+// devSecrets persist between `sluice dev` runs so issued tokens stay valid.
+type devSecrets struct {
+	AdminToken string `json:"admin_token"`
+	KeyPepper  string `json:"key_pepper"`
+}
+
+func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice dev", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", envOr(getenv, "SLUICE_ADMIN_ADDR", controlplane.DefaultAdminAddr), "admin API listen address")
+	dbURL := fs.String("database-url", envOr(getenv, "SLUICE_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/"+devDatabase+"?sslmode=disable"), "Postgres URL; the database is created if missing")
+	stateFile := fs.String("state-file", ".sluice/dev.json", "where to write URLs and tokens as JSON")
+	level, format := logFlags(fs, getenv, "text")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, *level, *format)
+	if err != nil {
+		return err
+	}
+	if err := ensureDatabase(ctx, *dbURL); err != nil {
+		return err
+	}
+	sec, err := loadDevSecrets(filepath.Join(filepath.Dir(*stateFile), "dev-secrets.json"), getenv)
+	if err != nil {
+		return err
+	}
+	cp, err := controlplane.New(ctx, controlplane.Config{
+		DatabaseURL: *dbURL, AdminAddr: *addr, BootstrapToken: sec.AdminToken, KeyPepper: sec.KeyPepper,
+		Migrate: true, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { errc <- cp.Run(ctx) }()
+
+	adminURL := "http://" + cp.Addr()
+	st, err := seedDemo(ctx, adminURL, sec.AdminToken)
+	if err != nil {
+		cancel()
+		<-errc
+		return fmt.Errorf("seed demo data: %w", err)
+	}
+	if err := writeJSONFile(*stateFile, st); err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	fmt.Fprintf(stdout, `
+Sluice dev is running.
+
+  admin API    %s   (Connect RPC; JSON over HTTP/1.1 or h2c)
+  admin token  %s   (platform admin; from SLUICE_ADMIN_TOKEN or .sluice/dev-secrets.json)
+  demo org     %s
+  keys         human=%s
+               agent=%s
+  state file   %s
+
+Try it:
+  curl -s -H 'Authorization: Bearer %s' -H 'Content-Type: application/json' \
+    -d '{}' %s/sluice.admin.v1.AdminTokenService/WhoAmI
+  go run ./cmd/sluicectl login --server %s --token %s
+  go run ./cmd/sluicectl key list
+
+The OpenAI-compatible proxy is not part of this build yet; keys are ready for it.
+Press Ctrl-C to stop.
+`, adminURL, st.AdminToken, st.OrgID, st.Keys["human"], st.Keys["agent"], *stateFile,
+		st.AdminToken, adminURL, adminURL, st.AdminToken)
+	return <-errc
+}
+
+// ensureDatabase creates the database of dbURL if it does not exist.
+func ensureDatabase(ctx context.Context, dbURL string) error {
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return fmt.Errorf("database URL does not parse")
+	}
+	name := strings.TrimPrefix(u.Path, "/")
+	if name == "" || strings.ContainsAny(name, `"/ `) {
+		return fmt.Errorf("database URL must name a database")
+	}
+	u.Path = "/postgres"
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return fmt.Errorf("connect postgres (is it running? try deploy/local/services.sh): %w", err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		return fmt.Errorf("check database: %w", err)
+	}
+	if exists {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, `CREATE DATABASE "`+name+`"`); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// loadDevSecrets takes secrets from the environment, else from path,
+// generating and saving them (mode 0600) on the first run.
+func loadDevSecrets(path string, getenv func(string) string) (devSecrets, error) {
+	var s devSecrets
+	if b, err := os.ReadFile(path); err == nil {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return s, fmt.Errorf("read %s: %w", path, err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return s, err
+	}
+	changed := false
+	if s.AdminToken == "" {
+		s.AdminToken, changed = "dev-admin-"+randomHex(24), true
+	}
+	if s.KeyPepper == "" {
+		s.KeyPepper, changed = "1:"+randomHex(32), true
+	}
+	if changed {
+		if err := writeJSONFile(path, s); err != nil {
+			return s, err
+		}
+	}
+	if v, err := secret(getenv, "SLUICE_ADMIN_TOKEN"); err != nil {
+		return s, err
+	} else if v != "" {
+		s.AdminToken = v
+	}
+	if v, err := secret(getenv, "SLUICE_KEY_PEPPER"); err != nil {
+		return s, err
+	} else if v != "" {
+		s.KeyPepper = v
+	}
+	return s, nil
+}
+
+func writeJSONFile(path string, v any) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+type bearerAuth string
+
+func (b bearerAuth) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		req.Header().Set("Authorization", "Bearer "+string(b))
+		return next(ctx, req)
+	}
+}
+func (b bearerAuth) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+func (b bearerAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// seedDemo creates (or finds) the demo org, team, users and keys through
+// the admin API, like any client would. Keys that exist are rotated so the
+// printed tokens are valid.
+func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error) {
+	hc := &http.Client{Timeout: 30 * time.Second}
+	opt := connect.WithInterceptors(bearerAuth(adminToken))
+	orgs := adminv1connect.NewOrgServiceClient(hc, adminURL, opt)
+	teams := adminv1connect.NewTeamServiceClient(hc, adminURL, opt)
+	users := adminv1connect.NewUserServiceClient(hc, adminURL, opt)
+	keys := adminv1connect.NewKeyServiceClient(hc, adminURL, opt)
+	st := devState{AdminURL: adminURL, AdminToken: adminToken, Keys: map[string]string{}}
+
+	ol, err := orgs.ListOrgs(ctx, connect.NewRequest(&adminv1.ListOrgsRequest{NamePrefix: "demo"}))
+	if err != nil {
+		return st, err
+	}
+	for _, o := range ol.Msg.Orgs {
+		if o.Name == "demo" {
+			st.OrgID = o.Id
+		}
+	}
+	if st.OrgID == "" {
+		o, err := orgs.CreateOrg(ctx, connect.NewRequest(&adminv1.CreateOrgRequest{
+			Name: "demo", Limits: &adminv1.Limits{MaxBudget: proto.Float64(100), BudgetDuration: "30d"},
+		}))
+		if err != nil {
+			return st, err
+		}
+		st.OrgID = o.Msg.Org.Id
+	}
+	tl, err := teams.ListTeams(ctx, connect.NewRequest(&adminv1.ListTeamsRequest{OrgId: st.OrgID, NamePrefix: "platform"}))
+	if err != nil {
+		return st, err
+	}
+	for _, t := range tl.Msg.Teams {
+		if t.Name == "platform" {
+			st.TeamID = t.Id
+		}
+	}
+	if st.TeamID == "" {
+		t, err := teams.CreateTeam(ctx, connect.NewRequest(&adminv1.CreateTeamRequest{
+			OrgId: st.OrgID, Name: "platform",
+			Limits: &adminv1.Limits{RpmLimit: proto.Int64(600), MaxParallelRequests: proto.Int64(32)},
+		}))
+		if err != nil {
+			return st, err
+		}
+		st.TeamID = t.Msg.Team.Id
+	}
+	userIDs := map[string]string{}
+	for _, email := range []string{"alice@demo.example", "build-agent@demo.example"} {
+		ul, err := users.ListUsers(ctx, connect.NewRequest(&adminv1.ListUsersRequest{OrgId: st.OrgID, EmailPrefix: email}))
+		if err != nil {
+			return st, err
+		}
+		for _, u := range ul.Msg.Users {
+			if u.Email == email {
+				userIDs[email] = u.Id
+			}
+		}
+		if userIDs[email] == "" {
+			u, err := users.CreateUser(ctx, connect.NewRequest(&adminv1.CreateUserRequest{OrgId: st.OrgID, Email: email}))
+			if err != nil {
+				return st, err
+			}
+			userIDs[email] = u.Msg.User.Id
+			if _, err := teams.AddTeamMember(ctx, connect.NewRequest(&adminv1.AddTeamMemberRequest{TeamId: st.TeamID, UserId: u.Msg.User.Id})); err != nil {
+				return st, err
+			}
+		}
+	}
+	demoKeys := []struct {
+		alias, user string
+		class       adminv1.TrafficClass
+		limits      *adminv1.Limits
+	}{
+		{"human", "alice@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_INTERACTIVE, &adminv1.Limits{RpmLimit: proto.Int64(60)}},
+		{"agent", "build-agent@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_AGENT, &adminv1.Limits{MaxParallelRequests: proto.Int64(8)}},
+	}
+	for _, k := range demoKeys {
+		kl, err := keys.ListKeys(ctx, connect.NewRequest(&adminv1.ListKeysRequest{OrgId: st.OrgID, TeamId: st.TeamID, AliasPrefix: k.alias}))
+		if err != nil {
+			return st, err
+		}
+		var existing string
+		for _, have := range kl.Msg.Keys {
+			if have.Alias == k.alias {
+				existing = have.Id
+			}
+		}
+		if existing != "" {
+			r, err := keys.RotateKey(ctx, connect.NewRequest(&adminv1.RotateKeyRequest{Id: existing}))
+			if err != nil {
+				return st, err
+			}
+			st.Keys[k.alias] = r.Msg.Token
+			continue
+		}
+		r, err := keys.CreateKey(ctx, connect.NewRequest(&adminv1.CreateKeyRequest{
+			OrgId: st.OrgID, TeamId: st.TeamID, UserId: userIDs[k.user], Alias: k.alias, TrafficClass: k.class, Limits: k.limits,
+		}))
+		if err != nil {
+			return st, err
+		}
+		st.Keys[k.alias] = r.Msg.Token
+	}
+	return st, nil
+}

@@ -1,0 +1,199 @@
+// Package controlplane runs Sluice's control plane: the Postgres-backed
+// owner of the tenancy hierarchy, virtual keys, admin tokens and audit
+// trail, serving the Connect admin API (SPEC §2, §5).
+//
+// Config, New and Run are its whole exported surface; everything else is
+// in internal packages.
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sluicegw/sluice/controlplane/internal/admin"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/token"
+	"github.com/sluicegw/sluice/sql/migrations"
+)
+
+// Defaults.
+const (
+	// DefaultAdminAddr is loopback only: exposing the admin API is a
+	// deliberate act.
+	DefaultAdminAddr = "127.0.0.1:8081"
+	// DefaultDatabaseURL is the local development database.
+	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/sluice?sslmode=disable"
+	// DefaultShutdownTimeout bounds graceful shutdown.
+	DefaultShutdownTimeout = 10 * time.Second
+	// MinBootstrapTokenLen is the shortest accepted bootstrap token.
+	MinBootstrapTokenLen = 32
+)
+
+// Config configures the control plane. Secrets come from the environment
+// or files (see cmd/sluice), never from flags.
+type Config struct {
+	// DatabaseURL is the Postgres connection string.
+	DatabaseURL string
+	// AdminAddr is the admin API's listen address (HTTP/1.1 and h2c).
+	AdminAddr string
+	// BootstrapToken is the platform-admin token for first setup
+	// (SLUICE_ADMIN_TOKEN); empty disables it.
+	BootstrapToken string
+	// KeyPepper is the versioned HMAC pepper set for key and admin-token
+	// hashes (SLUICE_KEY_PEPPER), "VERSION:SECRET[,VERSION:SECRET]".
+	KeyPepper string
+	// Migrate applies pending migrations at start. Without it, New refuses
+	// to start on an out-of-date schema.
+	Migrate bool
+	// ShutdownTimeout bounds graceful shutdown (DefaultShutdownTimeout if 0).
+	ShutdownTimeout time.Duration
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Validate reports every problem of c at once.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("database URL is required (--database-url or SLUICE_DATABASE_URL)"))
+	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
+		errs = append(errs, fmt.Errorf("database URL does not parse: %w", redactErr(err)))
+	}
+	if c.AdminAddr == "" {
+		errs = append(errs, errors.New("admin address is required (--addr)"))
+	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
+		errs = append(errs, fmt.Errorf("admin address %q: %w", c.AdminAddr, err))
+	}
+	if c.BootstrapToken != "" && len(c.BootstrapToken) < MinBootstrapTokenLen {
+		errs = append(errs, fmt.Errorf("bootstrap admin token (SLUICE_ADMIN_TOKEN) is %d characters; want at least %d", len(c.BootstrapToken), MinBootstrapTokenLen))
+	}
+	if strings.TrimSpace(c.KeyPepper) == "" {
+		errs = append(errs, errors.New("key pepper is required (SLUICE_KEY_PEPPER or SLUICE_KEY_PEPPER_FILE)"))
+	} else if _, err := token.ParsePeppers(c.KeyPepper); err != nil {
+		errs = append(errs, fmt.Errorf("key pepper: %w", err))
+	}
+	if c.ShutdownTimeout < 0 {
+		errs = append(errs, errors.New("shutdown timeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// redactErr drops the input from a connection-string parse error, which
+// may contain a password.
+func redactErr(err error) error {
+	return errors.New(strings.SplitN(err.Error(), ":", 2)[0])
+}
+
+// ControlPlane is a configured, not yet running control plane.
+type ControlPlane struct {
+	cfg   Config
+	log   *slog.Logger
+	pool  *pgxpool.Pool
+	ln    net.Listener
+	srv   *http.Server
+	store *store.Store
+}
+
+// New connects to Postgres, checks (or applies, with Migrate) the schema
+// and binds the admin listener.
+func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	peppers, _ := token.ParsePeppers(cfg.KeyPepper)
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect postgres: %w", redactErr(err))
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect postgres: %w", err)
+	}
+	if cfg.Migrate {
+		applied, err := migrations.Apply(ctx, pool)
+		if err != nil {
+			pool.Close()
+			return nil, err
+		}
+		if len(applied) > 0 {
+			log.Info("applied migrations", "versions", applied)
+		}
+	} else if err := migrations.CheckCurrent(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.AdminAddr)
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
+	}
+	st := store.New(pool, cfg.Now)
+	mux := http.NewServeMux()
+	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken, Logger: log}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			http.Error(w, "postgres unreachable", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	protocols := new(http.Protocols)
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           mux,
+		Protocols:         protocols,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	if cfg.BootstrapToken == "" {
+		log.Warn("no bootstrap admin token configured (SLUICE_ADMIN_TOKEN); only admin tokens from the database are accepted")
+	}
+	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st}, nil
+}
+
+// Addr returns the admin API's bound address.
+func (c *ControlPlane) Addr() string { return c.ln.Addr().String() }
+
+// Run serves until ctx is done, then shuts down gracefully and releases
+// the database pool.
+func (c *ControlPlane) Run(ctx context.Context) error {
+	defer c.pool.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- c.srv.Serve(c.ln) }()
+	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())
+	select {
+	case err := <-errc:
+		return fmt.Errorf("admin server: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
+	defer cancel()
+	if err := c.srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown admin server: %w", err)
+	}
+	c.log.Info("control plane stopped")
+	return nil
+}
