@@ -1,9 +1,578 @@
 package admin
 
-import "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/ids"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
 
 // teamService implements TeamService.
-type teamService struct {
-	*Server
-	adminv1connect.UnimplementedTeamServiceHandler
+//
+// Authorisation: creating, updating, blocking and deleting a team targets
+// the team's org (authz.OrgTarget), so only org- and platform-scoped
+// editors may do it; reading a team and managing its members target the
+// team itself (authz.TeamTarget), so a team-scoped token reaches its own
+// team and nothing else. Reads are filtered by the caller's tenant first:
+// teams the caller may not see are NotFound.
+type teamService struct{ *Server }
+
+const (
+	objTeam       = "team"
+	objTeamMember = "team_member"
+)
+
+// trafficClassPrefix is the enum value prefix dropped in the stored form.
+const trafficClassPrefix = "TRAFFIC_CLASS_"
+
+// trafficClassToDB returns the stored form of tc: "" for unspecified,
+// otherwise the lower-case enum name without its prefix ("interactive",
+// "agent", "batch"), so the column stays readable and independent of enum
+// numbers.
+func trafficClassToDB(tc adminv1.TrafficClass) string {
+	if tc == adminv1.TrafficClass_TRAFFIC_CLASS_UNSPECIFIED {
+		return ""
+	}
+	return strings.ToLower(strings.TrimPrefix(tc.String(), trafficClassPrefix))
+}
+
+// trafficClassFromDB parses the stored form written by trafficClassToDB.
+func trafficClassFromDB(s string) (adminv1.TrafficClass, error) {
+	if s == "" {
+		return adminv1.TrafficClass_TRAFFIC_CLASS_UNSPECIFIED, nil
+	}
+	v, ok := adminv1.TrafficClass_value[trafficClassPrefix+strings.ToUpper(s)]
+	if !ok {
+		return 0, fmt.Errorf("decode stored traffic class %q: unknown", s)
+	}
+	return adminv1.TrafficClass(v), nil
+}
+
+func teamToProto(t store.Team) (*adminv1.Team, error) {
+	l, err := limitsFromJSON(t.Limits)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := trafficClassFromDB(t.TrafficClass)
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.Team{
+		Id: t.ID, OrgId: t.OrgID, Name: t.Name, Limits: l, Blocked: t.Blocked, Metadata: t.Metadata,
+		TrafficClass: tc, ModelGroupAliases: t.ModelGroupAliases,
+		CreateTime: timestamppb.New(t.CreatedAt), UpdateTime: timestamppb.New(t.UpdatedAt),
+	}, nil
+}
+
+func validateTeam(t *adminv1.Team) error {
+	c := &validator{}
+	checkTeam(c, t)
+	return c.err()
+}
+
+// checkTeam adds the violations of t's settable fields to c.
+func checkTeam(c *validator, t *adminv1.Team) {
+	validateName(c, "name", t.GetName(), 100)
+	validateLimits(c, "limits", t.GetLimits(), LevelTeam, nil)
+	validateMetadata(c, t.GetMetadata())
+	validateTrafficClass(c, "traffic_class", t.GetTrafficClass())
+	validateAliases(c, "model_group_aliases", t.GetModelGroupAliases())
+}
+
+func teamEvent(kind string, t store.Team) store.OutboxEvent {
+	return store.OutboxEvent{Kind: kind, OrgID: t.OrgID, ObjectType: objTeam, ObjectID: t.ID}
+}
+
+// teamAudit writes the audit record of a change to team t; team_id is set
+// so that the team's own tokens can read its trail. A nil before or after
+// means "no document" (creation, deletion).
+func teamAudit(ctx context.Context, tx *store.Tx, action string, t store.Team, before, after *adminv1.Team) error {
+	var b, a []byte
+	if before != nil {
+		b = auditJSON(before)
+	}
+	if after != nil {
+		a = auditJSON(after)
+	}
+	return tx.Audit(ctx, action, objTeam, t.ID, t.OrgID, t.ID, b, a)
+}
+
+func requireField(field, v string) error {
+	if v == "" {
+		return invalid(field, "required")
+	}
+	return nil
+}
+
+func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[adminv1.CreateTeamRequest]) (*connect.Response[adminv1.CreateTeamResponse], error) {
+	p := principal(ctx)
+	m := req.Msg
+	orgID := m.GetOrgId()
+	if orgID == "" {
+		orgID = p.OrgID // default to the caller's org
+	}
+	if err := authz.Check(ctx, p, authz.Write, authz.OrgTarget(orgID, "teams of org "+orgID)); err != nil {
+		return nil, err
+	}
+	want := &adminv1.Team{
+		OrgId: orgID, Name: m.GetName(), Limits: m.GetLimits(), Metadata: m.GetMetadata(),
+		TrafficClass: m.GetTrafficClass(), ModelGroupAliases: m.GetModelGroupAliases(),
+	}
+	c := &validator{}
+	if orgID == "" {
+		c.add("org_id", "required with a platform-scoped token")
+	}
+	checkTeam(c, want)
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	t := store.Team{
+		ID: ids.New(ids.Team), OrgID: orgID, Name: want.Name, Limits: limitsJSON(want.Limits), Metadata: want.Metadata,
+		TrafficClass: trafficClassToDB(want.TrafficClass), ModelGroupAliases: want.ModelGroupAliases,
+	}
+	var out *adminv1.Team
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		// The org must exist and be visible; locking it keeps it from
+		// being deleted under the new team.
+		if _, err := tx.OrgGetForUpdate(ctx, tenant(ctx), orgID); err != nil {
+			return err
+		}
+		if err := tx.TeamInsert(ctx, &t); err != nil {
+			return err
+		}
+		var err error
+		if out, err = teamToProto(t); err != nil {
+			return err
+		}
+		if err := teamAudit(ctx, tx, audit.ActionCreated, t, nil, out); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, teamEvent(store.EventTeamUpserted, t))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.CreateTeamResponse{Team: out}), nil
+}
+
+func (s *teamService) GetTeam(ctx context.Context, req *connect.Request[adminv1.GetTeamRequest]) (*connect.Response[adminv1.GetTeamResponse], error) {
+	if err := requireField("id", req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	t, err := s.store.TeamGet(ctx, tenant(ctx), req.Msg.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.TeamTarget(t.OrgID, t.ID, "team "+t.ID)); err != nil {
+		return nil, err
+	}
+	out, err := teamToProto(t)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.GetTeamResponse{Team: out}), nil
+}
+
+func (s *teamService) ListTeams(ctx context.Context, req *connect.Request[adminv1.ListTeamsRequest]) (*connect.Response[adminv1.ListTeamsResponse], error) {
+	p := principal(ctx)
+	t := tenant(ctx)
+	if o := req.Msg.GetOrgId(); o != "" {
+		if t.OrgID != "" && t.OrgID != o {
+			// Naming another org is refused outright (not an empty list).
+			return nil, authz.Check(ctx, p, authz.Read, authz.OrgTarget(o, "teams of org "+o))
+		}
+		t.OrgID = o
+	}
+	target := authz.PlatformTarget("listing teams")
+	switch {
+	case p.Scope == authz.ScopeTeam:
+		target = authz.TeamTarget(p.OrgID, p.TeamID, "team "+p.TeamID)
+	case t.OrgID != "":
+		target = authz.OrgTarget(t.OrgID, "teams of org "+t.OrgID)
+	}
+	if err := authz.Check(ctx, p, authz.Read, target); err != nil {
+		return nil, err
+	}
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.store.TeamList(ctx, t, store.TeamQuery{NamePrefix: req.Msg.GetNamePrefix(), Blocked: req.Msg.Blocked},
+		store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListTeamsResponse{}
+	for _, r := range rows {
+		tm, err := teamToProto(r)
+		if err != nil {
+			return nil, err
+		}
+		resp.Teams = append(resp.Teams, tm)
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *teamService) UpdateTeam(ctx context.Context, req *connect.Request[adminv1.UpdateTeamRequest]) (*connect.Response[adminv1.UpdateTeamResponse], error) {
+	id := req.Msg.GetTeam().GetId()
+	if err := requireField("team.id", id); err != nil {
+		return nil, err
+	}
+	var out *adminv1.Team
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := teamToProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(*adminv1.Team)
+		if err := applyMask(after, req.Msg.GetTeam(), req.Msg.GetUpdateMask(),
+			"name", "limits", "metadata", "traffic_class", "model_group_aliases"); err != nil {
+			return err
+		}
+		if err := validateTeam(after); err != nil {
+			return err
+		}
+		cur.Name, cur.Limits, cur.Metadata = after.Name, limitsJSON(after.Limits), after.Metadata
+		cur.TrafficClass, cur.ModelGroupAliases = trafficClassToDB(after.TrafficClass), after.ModelGroupAliases
+		if err := tx.TeamUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
+		out = after
+		if err := teamAudit(ctx, tx, audit.ActionUpdated, cur, before, after); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, teamEvent(store.EventTeamUpserted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateTeamResponse{Team: out}), nil
+}
+
+func (s *teamService) DeleteTeam(ctx context.Context, req *connect.Request[adminv1.DeleteTeamRequest]) (*connect.Response[adminv1.DeleteTeamResponse], error) {
+	id := req.Msg.GetId()
+	if err := requireField("id", id); err != nil {
+		return nil, err
+	}
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := teamToProto(cur)
+		if err != nil {
+			return err
+		}
+		// Memberships cascade; data planes drop them with the team on
+		// team.deleted, so no member.deleted events are written.
+		if err := tx.TeamDelete(ctx, cur.OrgID, cur.ID); err != nil {
+			return err
+		}
+		if err := teamAudit(ctx, tx, audit.ActionDeleted, cur, before, nil); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, teamEvent(store.EventTeamDeleted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.DeleteTeamResponse{}), nil
+}
+
+func (s *teamService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Team, error) {
+	if err := requireField("id", id); err != nil {
+		return nil, err
+	}
+	action, kind := audit.ActionBlocked, store.EventTeamBlocked
+	if !blocked {
+		action, kind = audit.ActionUnblocked, store.EventTeamUnblocked
+	}
+	var out *adminv1.Team
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := teamToProto(cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.TeamSetBlocked(ctx, &cur, blocked); err != nil {
+			return err
+		}
+		if out, err = teamToProto(cur); err != nil {
+			return err
+		}
+		if err := teamAudit(ctx, tx, action, cur, before, out); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, teamEvent(kind, cur))
+	})
+	return out, err
+}
+
+func (s *teamService) BlockTeam(ctx context.Context, req *connect.Request[adminv1.BlockTeamRequest]) (*connect.Response[adminv1.BlockTeamResponse], error) {
+	t, err := s.setBlocked(ctx, req.Msg.GetId(), true)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.BlockTeamResponse{Team: t}), nil
+}
+
+func (s *teamService) UnblockTeam(ctx context.Context, req *connect.Request[adminv1.UnblockTeamRequest]) (*connect.Response[adminv1.UnblockTeamResponse], error) {
+	t, err := s.setBlocked(ctx, req.Msg.GetId(), false)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UnblockTeamResponse{Team: t}), nil
+}
+
+// Team members.
+
+func memberToProto(m store.TeamMember) (*adminv1.TeamMember, error) {
+	l, err := limitsFromJSON(m.Limits)
+	if err != nil {
+		return nil, err
+	}
+	out := &adminv1.TeamMember{
+		TeamId: m.TeamID, UserId: m.UserID, OrgId: m.OrgID, Limits: l,
+		CreateTime: timestamppb.New(m.CreatedAt), UpdateTime: timestamppb.New(m.UpdatedAt),
+	}
+	if m.MaxBudgetInTeam != nil {
+		out.MaxBudgetInTeam = proto.Float64(*m.MaxBudgetInTeam)
+	}
+	return out, nil
+}
+
+// validateMember checks the settable fields of a membership: member-level
+// limits and max_budget_in_team (which takes the place of max_budget).
+func validateMember(m *adminv1.TeamMember) error {
+	c := &validator{}
+	validateLimits(c, "limits", m.GetLimits(), LevelMember, m.MaxBudgetInTeam)
+	return c.err()
+}
+
+// memberObjectID is the audit and outbox object id of a membership.
+func memberObjectID(teamID, userID string) string { return teamID + "/" + userID }
+
+func memberEvent(kind string, m store.TeamMember) store.OutboxEvent {
+	payload, _ := json.Marshal(map[string]string{"team_id": m.TeamID, "user_id": m.UserID})
+	return store.OutboxEvent{
+		Kind: kind, OrgID: m.OrgID, ObjectType: objTeamMember, ObjectID: memberObjectID(m.TeamID, m.UserID), Payload: payload,
+	}
+}
+
+func memberAudit(ctx context.Context, tx *store.Tx, action string, m store.TeamMember, before, after *adminv1.TeamMember) error {
+	var b, a []byte
+	if before != nil {
+		b = auditJSON(before)
+	}
+	if after != nil {
+		a = auditJSON(after)
+	}
+	return tx.Audit(ctx, action, objTeamMember, memberObjectID(m.TeamID, m.UserID), m.OrgID, m.TeamID, b, a)
+}
+
+// memberTeam returns the team teamID locked for the rest of tx, after
+// checking that the caller may apply verb to its members.
+func memberTeam(ctx context.Context, tx *store.Tx, verb authz.Verb, teamID string) (store.Team, error) {
+	t, err := tx.TeamGetForUpdate(ctx, tenant(ctx), teamID)
+	if err != nil {
+		return store.Team{}, err
+	}
+	if err := authz.Check(ctx, principal(ctx), verb, authz.TeamTarget(t.OrgID, t.ID, "members of team "+t.ID)); err != nil {
+		return store.Team{}, err
+	}
+	return t, nil
+}
+
+func (s *teamService) AddTeamMember(ctx context.Context, req *connect.Request[adminv1.AddTeamMemberRequest]) (*connect.Response[adminv1.AddTeamMemberResponse], error) {
+	m := req.Msg
+	c := &validator{}
+	if m.GetTeamId() == "" {
+		c.add("team_id", "required")
+	}
+	if m.GetUserId() == "" {
+		c.add("user_id", "required")
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	var out *adminv1.TeamMember
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		t, err := memberTeam(ctx, tx, authz.Write, m.GetTeamId())
+		if err != nil {
+			return err
+		}
+		want := &adminv1.TeamMember{MaxBudgetInTeam: m.MaxBudgetInTeam, Limits: m.GetLimits()}
+		if err := validateMember(want); err != nil {
+			return err
+		}
+		mem := store.TeamMember{
+			TeamID: t.ID, UserID: m.GetUserId(), OrgID: t.OrgID, MaxBudgetInTeam: m.MaxBudgetInTeam, Limits: limitsJSON(want.Limits),
+		}
+		if err := tx.TeamMemberInsert(ctx, &mem); err != nil {
+			return err
+		}
+		if out, err = memberToProto(mem); err != nil {
+			return err
+		}
+		if err := memberAudit(ctx, tx, audit.ActionMemberAdded, mem, nil, out); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, memberEvent(store.EventMemberUpserted, mem))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.AddTeamMemberResponse{Member: out}), nil
+}
+
+func (s *teamService) UpdateTeamMember(ctx context.Context, req *connect.Request[adminv1.UpdateTeamMemberRequest]) (*connect.Response[adminv1.UpdateTeamMemberResponse], error) {
+	src := req.Msg.GetMember()
+	c := &validator{}
+	if src.GetTeamId() == "" {
+		c.add("member.team_id", "required")
+	}
+	if src.GetUserId() == "" {
+		c.add("member.user_id", "required")
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	var out *adminv1.TeamMember
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		t, err := memberTeam(ctx, tx, authz.Write, src.GetTeamId())
+		if err != nil {
+			return err
+		}
+		cur, err := tx.TeamMemberGetForUpdate(ctx, t.OrgID, t.ID, src.GetUserId())
+		if err != nil {
+			return err
+		}
+		before, err := memberToProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(*adminv1.TeamMember)
+		if err := applyMask(after, src, req.Msg.GetUpdateMask(), "max_budget_in_team", "limits"); err != nil {
+			return err
+		}
+		if err := validateMember(after); err != nil {
+			return err
+		}
+		cur.MaxBudgetInTeam, cur.Limits = after.MaxBudgetInTeam, limitsJSON(after.Limits)
+		if err := tx.TeamMemberUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
+		out = after
+		if err := memberAudit(ctx, tx, audit.ActionMemberUpdated, cur, before, after); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, memberEvent(store.EventMemberUpserted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateTeamMemberResponse{Member: out}), nil
+}
+
+func (s *teamService) RemoveTeamMember(ctx context.Context, req *connect.Request[adminv1.RemoveTeamMemberRequest]) (*connect.Response[adminv1.RemoveTeamMemberResponse], error) {
+	m := req.Msg
+	c := &validator{}
+	if m.GetTeamId() == "" {
+		c.add("team_id", "required")
+	}
+	if m.GetUserId() == "" {
+		c.add("user_id", "required")
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		t, err := memberTeam(ctx, tx, authz.Write, m.GetTeamId())
+		if err != nil {
+			return err
+		}
+		cur, err := tx.TeamMemberGetForUpdate(ctx, t.OrgID, t.ID, m.GetUserId())
+		if err != nil {
+			return err
+		}
+		before, err := memberToProto(cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.TeamMemberDelete(ctx, cur); err != nil {
+			return err
+		}
+		if err := memberAudit(ctx, tx, audit.ActionMemberRemoved, cur, before, nil); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, memberEvent(store.EventMemberDeleted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.RemoveTeamMemberResponse{}), nil
+}
+
+func (s *teamService) ListTeamMembers(ctx context.Context, req *connect.Request[adminv1.ListTeamMembersRequest]) (*connect.Response[adminv1.ListTeamMembersResponse], error) {
+	if err := requireField("team_id", req.Msg.GetTeamId()); err != nil {
+		return nil, err
+	}
+	t, err := s.store.TeamGet(ctx, tenant(ctx), req.Msg.GetTeamId())
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.TeamTarget(t.OrgID, t.ID, "members of team "+t.ID)); err != nil {
+		return nil, err
+	}
+	limit, after, err := pageArgs(req.Msg.GetPageSize(), req.Msg.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.store.TeamMemberList(ctx, t.OrgID, t.ID, store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListTeamMembersResponse{}
+	for _, r := range rows {
+		m, err := memberToProto(r)
+		if err != nil {
+			return nil, err
+		}
+		resp.Members = append(resp.Members, m)
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].UserID)
+	}
+	return connect.NewResponse(resp), nil
 }

@@ -1,0 +1,102 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/internal/testsvc"
+	"github.com/sluicegw/sluice/sql/migrations"
+)
+
+const pepper = "1:controlplane-test-pepper-0123456789abcdef"
+
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	url := testsvc.NewDatabase(t)
+	// NewDatabase is migrated; roll it back to empty for these tests.
+	pool, err := pgxpool.New(context.Background(), url)
+	require.NoError(t, err)
+	defer pool.Close()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for i := len(all) - 1; i >= 0; i-- {
+		_, err := pool.Exec(context.Background(), all[i].Down)
+		require.NoError(t, err)
+	}
+	_, err = pool.Exec(context.Background(), `DROP TABLE schema_migrations`)
+	require.NoError(t, err)
+	return url
+}
+
+func TestNewRefusesOutOfDateSchema(t *testing.T) {
+	t.Parallel()
+	url := emptyDatabase(t)
+	ctx := context.Background()
+	_, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper})
+	require.Error(t, err)
+	require.True(t, errors.Is(err, migrations.ErrOutOfDate), err)
+	require.Contains(t, err.Error(), "--migrate")
+
+	cp, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, Migrate: true,
+		BootstrapToken: strings.Repeat("b", 40)})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cp.Run(ctx) }()
+	resp, err := http.Get("http://" + cp.Addr() + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	// The admin API answers JSON over HTTP/1.1.
+	req, _ := http.NewRequest(http.MethodPost, "http://"+cp.Addr()+"/sluice.admin.v1.AdminTokenService/WhoAmI", strings.NewReader("{}"))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+strings.Repeat("b", 40))
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
+	require.Contains(t, string(body), `"principal":"bootstrap"`)
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+}
+
+func TestMigrationsRoundTrip(t *testing.T) {
+	t.Parallel()
+	url := emptyDatabase(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	defer pool.Close()
+	applied, err := migrations.Apply(ctx, pool)
+	require.NoError(t, err)
+	require.Equal(t, migrations.Latest(), applied[len(applied)-1])
+	again, err := migrations.Apply(ctx, pool)
+	require.NoError(t, err)
+	require.Empty(t, again, "a second run applies nothing")
+	require.NoError(t, migrations.CheckCurrent(ctx, pool))
+}
+
+func TestConfigValidateReportsEverything(t *testing.T) {
+	t.Parallel()
+	c := Config{DatabaseURL: "", AdminAddr: "nonsense", BootstrapToken: "short", KeyPepper: "1:short", ShutdownTimeout: -1}
+	err := c.Validate()
+	require.Error(t, err)
+	for _, want := range []string{"database URL is required", "admin address", "bootstrap admin token", "key pepper", "shutdown timeout"} {
+		require.Contains(t, err.Error(), want)
+	}
+}
