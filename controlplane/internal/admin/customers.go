@@ -1,9 +1,301 @@
 package admin
 
-import "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
+import (
+	"context"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/ids"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
 
 // customerService implements CustomerService.
-type customerService struct {
-	*Server
-	adminv1connect.UnimplementedCustomerServiceHandler
+type customerService struct{ *Server }
+
+const (
+	objCustomer = "customer"
+
+	maxExternalIDLen = 200
+)
+
+// customerUpdatable lists the update_mask paths UpdateCustomer accepts
+// (nested "limits.<field>" paths included through "limits").
+var customerUpdatable = []string{"display_name", "limits", "metadata"}
+
+func customerToProto(c store.Customer) (*adminv1.Customer, error) {
+	l, err := limitsFromJSON(c.Limits)
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.Customer{
+		Id: c.ID, OrgId: c.OrgID, ExternalId: c.ExternalID, DisplayName: c.DisplayName, Limits: l,
+		Blocked: c.Blocked, Metadata: c.Metadata,
+		CreateTime: timestamppb.New(c.CreatedAt), UpdateTime: timestamppb.New(c.UpdatedAt),
+	}, nil
+}
+
+// validateExternalID checks the identifier clients send for a customer
+// (the x-sluice-end-user header): 1–200 characters, no surrounding spaces,
+// no control characters (they cannot travel in a header).
+func validateExternalID(c *validator, field, s string) {
+	switch {
+	case s == "":
+		c.add(field, "required")
+	case !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxExternalIDLen:
+		c.add(field, "must be 1–%d characters", maxExternalIDLen)
+	case strings.TrimSpace(s) != s:
+		c.add(field, "must not start or end with spaces")
+	case strings.IndexFunc(s, unicode.IsControl) >= 0:
+		c.add(field, "must not contain control characters")
+	}
+}
+
+// validateCustomer checks c. Fields are named as in create requests and
+// update masks ("external_id", "limits.rpm_limit").
+func validateCustomer(cu *adminv1.Customer) error {
+	c := &validator{}
+	validateExternalID(c, "external_id", cu.GetExternalId())
+	validateDisplayName(c, "display_name", cu.GetDisplayName())
+	validateLimits(c, "limits", cu.GetLimits(), LevelCustomer, nil)
+	validateMetadata(c, cu.GetMetadata())
+	return c.err()
+}
+
+func customerEvent(kind string, c store.Customer) store.OutboxEvent {
+	return store.OutboxEvent{Kind: kind, OrgID: c.OrgID, ObjectType: objCustomer, ObjectID: c.ID}
+}
+
+func (s *customerService) CreateCustomer(ctx context.Context, req *connect.Request[adminv1.CreateCustomerRequest]) (*connect.Response[adminv1.CreateCustomerResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	orgID, err := createOrg(ctx, m.GetOrgId())
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "customers of org "+orgID)); err != nil {
+		return nil, err
+	}
+	want := &adminv1.Customer{ExternalId: m.GetExternalId(), DisplayName: m.GetDisplayName(), Limits: m.GetLimits(), Metadata: m.GetMetadata()}
+	if err := validateCustomer(want); err != nil {
+		return nil, err
+	}
+	cu := store.Customer{ID: ids.New(ids.Customer), OrgID: orgID, ExternalID: want.ExternalId, DisplayName: want.DisplayName,
+		Limits: limitsJSON(want.Limits), Metadata: want.Metadata}
+	var out *adminv1.Customer
+	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		if err := tx.CustomerInsert(ctx, &cu); err != nil {
+			return err
+		}
+		var err error
+		if out, err = customerToProto(cu); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, audit.ActionCreated, objCustomer, cu.ID, cu.OrgID, "", nil, auditJSON(out)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, customerEvent(store.EventCustomerUpserted, cu))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.CreateCustomerResponse{Customer: out}), nil
+}
+
+func (s *customerService) GetCustomer(ctx context.Context, req *connect.Request[adminv1.GetCustomerRequest]) (*connect.Response[adminv1.GetCustomerResponse], error) {
+	if err := orgLevelGate(ctx, authz.Read, "customers"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetId()
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	cu, err := s.store.CustomerGet(ctx, tenant(ctx), id)
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(cu.OrgID, "customer "+cu.ID)); err != nil {
+		return nil, err
+	}
+	out, err := customerToProto(cu)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.GetCustomerResponse{Customer: out}), nil
+}
+
+func (s *customerService) ListCustomers(ctx context.Context, req *connect.Request[adminv1.ListCustomersRequest]) (*connect.Response[adminv1.ListCustomersResponse], error) {
+	m := req.Msg
+	t, err := listTenant(ctx, m.GetOrgId(), "customers")
+	if err != nil {
+		return nil, err
+	}
+	limit, after, err := pageArgs(m.GetPageSize(), m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	q := store.CustomerQuery{ExternalIDPrefix: m.GetExternalIdPrefix(), Blocked: m.Blocked}
+	rows, err := s.store.CustomerList(ctx, t, q, store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListCustomersResponse{}
+	for _, r := range rows {
+		cu, err := customerToProto(r)
+		if err != nil {
+			return nil, err
+		}
+		resp.Customers = append(resp.Customers, cu)
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *customerService) UpdateCustomer(ctx context.Context, req *connect.Request[adminv1.UpdateCustomerRequest]) (*connect.Response[adminv1.UpdateCustomerResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetCustomer().GetId()
+	if err := requireID("customer.id", id); err != nil {
+		return nil, err
+	}
+	for _, p := range req.Msg.GetUpdateMask().GetPaths() {
+		if p == "external_id" {
+			return nil, invalid("update_mask", "external_id is immutable: it is the identifier clients send; create a new customer instead")
+		}
+	}
+	var out *adminv1.Customer
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := customerToProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(*adminv1.Customer)
+		if err := applyMask(after, req.Msg.GetCustomer(), req.Msg.GetUpdateMask(), customerUpdatable...); err != nil {
+			return err
+		}
+		if err := validateCustomer(after); err != nil {
+			return err
+		}
+		cur.DisplayName, cur.Limits, cur.Metadata = after.DisplayName, limitsJSON(after.Limits), after.Metadata
+		if err := tx.CustomerUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
+		out = after
+		if err := tx.Audit(ctx, audit.ActionUpdated, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, customerEvent(store.EventCustomerUpserted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateCustomerResponse{Customer: out}), nil
+}
+
+func (s *customerService) DeleteCustomer(ctx context.Context, req *connect.Request[adminv1.DeleteCustomerRequest]) (*connect.Response[adminv1.DeleteCustomerResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetId()
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := customerToProto(cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.CustomerDelete(ctx, cur.ID); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, audit.ActionDeleted, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), nil); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, customerEvent(store.EventCustomerDeleted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.DeleteCustomerResponse{}), nil
+}
+
+func (s *customerService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Customer, error) {
+	action, kind := audit.ActionBlocked, store.EventCustomerBlocked
+	if !blocked {
+		action, kind = audit.ActionUnblocked, store.EventCustomerUnblocked
+	}
+	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+		return nil, err
+	}
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	var out *adminv1.Customer
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := customerToProto(cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.CustomerSetBlocked(ctx, &cur, blocked); err != nil {
+			return err
+		}
+		if out, err = customerToProto(cur); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, action, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(out)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, customerEvent(kind, cur))
+	})
+	return out, err
+}
+
+func (s *customerService) BlockCustomer(ctx context.Context, req *connect.Request[adminv1.BlockCustomerRequest]) (*connect.Response[adminv1.BlockCustomerResponse], error) {
+	cu, err := s.setBlocked(ctx, req.Msg.GetId(), true)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.BlockCustomerResponse{Customer: cu}), nil
+}
+
+func (s *customerService) UnblockCustomer(ctx context.Context, req *connect.Request[adminv1.UnblockCustomerRequest]) (*connect.Response[adminv1.UnblockCustomerResponse], error) {
+	cu, err := s.setBlocked(ctx, req.Msg.GetId(), false)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UnblockCustomerResponse{Customer: cu}), nil
 }

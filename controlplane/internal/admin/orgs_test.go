@@ -83,3 +83,38 @@ func TestListOrgsPaginates(t *testing.T) {
 	_, err = b.root().Org.ListOrgs(ctx, connect.NewRequest(&adminv1.ListOrgsRequest{PageToken: "!!"}))
 	require.Equal(t, "invalid_argument", codeOf(err))
 }
+
+func TestLimitValidationNamesTheField(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	cases := []struct {
+		field  string
+		limits *adminv1.Limits
+	}{
+		{"limits.max_budget", &adminv1.Limits{MaxBudget: proto.Float64(-1), BudgetDuration: "30d"}},
+		{"limits.max_budget", &adminv1.Limits{MaxBudget: proto.Float64(0), BudgetDuration: "30d"}},
+		{"limits.max_budget", &adminv1.Limits{MaxBudget: proto.Float64(1e12), BudgetDuration: "30d"}},
+		{"limits.budget_duration", &adminv1.Limits{MaxBudget: proto.Float64(10)}},
+		{"limits.budget_duration", &adminv1.Limits{MaxBudget: proto.Float64(10), BudgetDuration: "5x"}},
+		{"limits.budget_duration", &adminv1.Limits{MaxBudget: proto.Float64(10), BudgetDuration: "400d"}},
+		{"limits.soft_budget", &adminv1.Limits{SoftBudget: proto.Float64(-3), BudgetDuration: "1d"}},
+		{"limits.soft_budget", &adminv1.Limits{MaxBudget: proto.Float64(10), SoftBudget: proto.Float64(20), BudgetDuration: "1d"}},
+		{"limits.rpm_limit", &adminv1.Limits{RpmLimit: proto.Int64(0)}},
+		{"limits.rpm_limit", &adminv1.Limits{RpmLimit: proto.Int64(-5)}},
+		{"limits.tpm_limit", &adminv1.Limits{TpmLimit: proto.Int64(0)}},
+		{"limits.max_parallel_requests", &adminv1.Limits{MaxParallelRequests: proto.Int64(-1)}},
+		{"limits.max_parallel_requests", &adminv1.Limits{MaxParallelRequests: proto.Int64(10_000_000)}},
+		{"limits.allowed_models[1]", &adminv1.Limits{AllowedModels: []string{"a", ""}}},
+		{"limits.allowed_models[1]", &adminv1.Limits{AllowedModels: []string{"a", "a"}}},
+		{"limits.model_max_budget", &adminv1.Limits{ModelMaxBudget: map[string]float64{"m": 1}, BudgetDuration: "1d"}},
+		{"limits.model_rpm_limit", &adminv1.Limits{ModelRpmLimit: map[string]int64{"m": 1}}},
+		{"limits.model_tpm_limit", &adminv1.Limits{ModelTpmLimit: map[string]int64{"m": 1}}},
+	}
+	for _, tc := range cases {
+		_, err := b.root().Org.CreateOrg(ctx, connect.NewRequest(&adminv1.CreateOrgRequest{Name: "x", Limits: tc.limits}))
+		require.Equal(t, "invalid_argument", codeOf(err), "%s: %v", tc.field, tc.limits)
+		require.Contains(t, connect.CodeOf(err).String()+": "+err.Error(), tc.field+":", "%v", tc.limits)
+	}
+	require.Equal(t, int64(0), b.auditCount(), "rejected requests change nothing")
+}

@@ -56,7 +56,7 @@ func adminRPCs(t *testing.T) []rpc {
 // objs names the objects an RPC is aimed at: one team's view of an org.
 type objs struct {
 	OrgID, TeamID, UserID, CustomerID, KeyID, TokenID string
-	EmptyTeamID, FreeUserID, EmptyOrgID              string
+	EmptyTeamID, FreeUserID, EmptyOrgID               string
 }
 
 var uniq atomic.Int64
@@ -65,18 +65,22 @@ func u() string { return fmt.Sprintf("%d", uniq.Add(1)) }
 
 // builders make a valid JSON request for each RPC aimed at o's objects.
 var builders = map[string]func(o objs) string{
-	"CreateOrg":  func(o objs) string { return `{"name":"org-` + u() + `"}` },
-	"GetOrg":     func(o objs) string { return `{"id":"` + o.OrgID + `"}` },
-	"ListOrgs":   func(o objs) string { return `{}` },
-	"UpdateOrg":  func(o objs) string { return `{"org":{"id":"` + o.OrgID + `","metadata":{"k":"v"}},"update_mask":"metadata"}` },
+	"CreateOrg": func(o objs) string { return `{"name":"org-` + u() + `"}` },
+	"GetOrg":    func(o objs) string { return `{"id":"` + o.OrgID + `"}` },
+	"ListOrgs":  func(o objs) string { return `{}` },
+	"UpdateOrg": func(o objs) string {
+		return `{"org":{"id":"` + o.OrgID + `","metadata":{"k":"v"}},"update_mask":"metadata"}`
+	},
 	"DeleteOrg":  func(o objs) string { return `{"id":"` + o.EmptyOrgID + `"}` },
 	"BlockOrg":   func(o objs) string { return `{"id":"` + o.OrgID + `"}` },
 	"UnblockOrg": func(o objs) string { return `{"id":"` + o.OrgID + `"}` },
 
-	"CreateTeam":  func(o objs) string { return `{"org_id":"` + o.OrgID + `","name":"team-` + u() + `"}` },
-	"GetTeam":     func(o objs) string { return `{"id":"` + o.TeamID + `"}` },
-	"ListTeams":   func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
-	"UpdateTeam":  func(o objs) string { return `{"team":{"id":"` + o.TeamID + `","metadata":{"k":"v"}},"update_mask":"metadata"}` },
+	"CreateTeam": func(o objs) string { return `{"org_id":"` + o.OrgID + `","name":"team-` + u() + `"}` },
+	"GetTeam":    func(o objs) string { return `{"id":"` + o.TeamID + `"}` },
+	"ListTeams":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"UpdateTeam": func(o objs) string {
+		return `{"team":{"id":"` + o.TeamID + `","metadata":{"k":"v"}},"update_mask":"metadata"}`
+	},
 	"DeleteTeam":  func(o objs) string { return `{"id":"` + o.EmptyTeamID + `"}` },
 	"BlockTeam":   func(o objs) string { return `{"id":"` + o.TeamID + `"}` },
 	"UnblockTeam": func(o objs) string { return `{"id":"` + o.TeamID + `"}` },
@@ -89,15 +93,19 @@ var builders = map[string]func(o objs) string{
 	"RemoveTeamMember": func(o objs) string { return `{"team_id":"` + o.TeamID + `","user_id":"` + o.UserID + `"}` },
 	"ListTeamMembers":  func(o objs) string { return `{"team_id":"` + o.TeamID + `"}` },
 
-	"CreateUser":  func(o objs) string { return `{"org_id":"` + o.OrgID + `","email":"u` + u() + `@example.com"}` },
-	"GetUser":     func(o objs) string { return `{"id":"` + o.UserID + `"}` },
-	"ListUsers":   func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
-	"UpdateUser":  func(o objs) string { return `{"user":{"id":"` + o.UserID + `","display_name":"X"},"update_mask":"display_name"}` },
+	"CreateUser": func(o objs) string { return `{"org_id":"` + o.OrgID + `","email":"u` + u() + `@example.com"}` },
+	"GetUser":    func(o objs) string { return `{"id":"` + o.UserID + `"}` },
+	"ListUsers":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"UpdateUser": func(o objs) string {
+		return `{"user":{"id":"` + o.UserID + `","display_name":"X"},"update_mask":"display_name"}`
+	},
 	"DeleteUser":  func(o objs) string { return `{"id":"` + o.FreeUserID + `"}` },
 	"BlockUser":   func(o objs) string { return `{"id":"` + o.UserID + `"}` },
 	"UnblockUser": func(o objs) string { return `{"id":"` + o.UserID + `"}` },
 
-	"CreateKey":  func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `","alias":"k` + u() + `"}` },
+	"CreateKey": func(o objs) string {
+		return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `","alias":"k` + u() + `"}`
+	},
 	"GetKey":     func(o objs) string { return `{"id":"` + o.KeyID + `"}` },
 	"ListKeys":   func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
 	"UpdateKey":  func(o objs) string { return `{"key":{"id":"` + o.KeyID + `","alias":"z"},"update_mask":"alias"}` },

@@ -69,8 +69,6 @@ func roleFromProto(r adminv1.Role) (authz.Role, bool) {
 	return 0, false
 }
 
-
-
 func adminTokenToProto(a store.AdminToken) *adminv1.AdminToken {
 	out := &adminv1.AdminToken{
 		Id: a.ID, Name: a.Name, Scope: scopeToProto(a.Scope), OrgId: a.OrgID, TeamId: a.TeamID,

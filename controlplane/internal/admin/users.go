@@ -1,9 +1,371 @@
 package admin
 
-import "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/ids"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
 
 // userService implements UserService.
-type userService struct {
-	*Server
-	adminv1connect.UnimplementedUserServiceHandler
+type userService struct{ *Server }
+
+const (
+	objUser = "user"
+
+	maxEmailLen       = 254 // RFC 5321 path limit
+	maxDisplayNameLen = 200
+)
+
+// userUpdatable lists the update_mask paths UpdateUser accepts (nested
+// "limits.<field>" paths included through "limits").
+var userUpdatable = []string{"email", "display_name", "limits", "metadata"}
+
+// orgLevelGate refuses, before anything is read, callers that may never
+// apply verb to an org-level object (users, customers): team-scoped
+// tokens, and viewers asking to change something. Refusing up front means
+// such a caller cannot learn whether an id exists. The check against the
+// object's own org follows once it is loaded.
+func orgLevelGate(ctx context.Context, verb authz.Verb, what string) error {
+	p := principal(ctx)
+	return authz.Check(ctx, p, verb, authz.OrgTarget(p.OrgID, what))
+}
+
+// createOrg resolves the org_id of a create request: required for
+// platform-scoped tokens, the caller's org otherwise.
+func createOrg(ctx context.Context, orgID string) (string, error) {
+	if orgID != "" {
+		return orgID, nil
+	}
+	p := principal(ctx)
+	if p.Scope == authz.ScopePlatform {
+		return "", invalid("org_id", "required with a platform-scoped token")
+	}
+	return p.OrgID, nil
+}
+
+// listTenant resolves the org filter of a list request against the
+// caller's scope and authorises the read. A filter naming another org than
+// the caller's is refused.
+func listTenant(ctx context.Context, orgFilter, what string) (store.Tenant, error) {
+	p := principal(ctx)
+	t := tenant(ctx)
+	orgID := orgFilter
+	if orgID == "" {
+		orgID = t.OrgID // "" for platform tokens: every org
+	}
+	target := authz.OrgTarget(orgID, what+" of org "+orgID)
+	if orgID == "" {
+		target = authz.OrgTarget("", what+" of every org")
+	}
+	if err := authz.Check(ctx, p, authz.Read, target); err != nil {
+		return store.Tenant{}, err
+	}
+	return store.Tenant{OrgID: orgID}, nil
+}
+
+func requireID(field, id string) error {
+	if id == "" {
+		return invalid(field, "required")
+	}
+	return nil
+}
+
+func userToProto(u store.User) (*adminv1.User, error) {
+	l, err := limitsFromJSON(u.Limits)
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.User{
+		Id: u.ID, OrgId: u.OrgID, Email: u.Email, DisplayName: u.DisplayName, Limits: l, Blocked: u.Blocked,
+		Metadata: u.Metadata, CreateTime: timestamppb.New(u.CreatedAt), UpdateTime: timestamppb.New(u.UpdatedAt),
+	}, nil
+}
+
+// normalizeEmail lower-cases an email for storage and comparison.
+func normalizeEmail(e string) string { return strings.ToLower(e) }
+
+// validateEmail checks a (lower-cased) email address: a non-empty local
+// part, "@", a non-empty domain, no spaces or control characters, at most
+// maxEmailLen characters. Deliverability is not checked.
+func validateEmail(c *validator, field, e string) {
+	switch at := strings.LastIndexByte(e, '@'); {
+	case e == "":
+		c.add(field, "required")
+	case !utf8.ValidString(e) || utf8.RuneCountInString(e) > maxEmailLen:
+		c.add(field, "must be at most %d characters", maxEmailLen)
+	case strings.IndexFunc(e, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0:
+		c.add(field, "must not contain spaces or control characters")
+	case strings.IndexByte(e, '@') < 1 || at == len(e)-1:
+		c.add(field, "%q is not an email address: want local-part@domain", e)
+	}
+}
+
+// validateDisplayName checks an optional display name.
+func validateDisplayName(c *validator, field, s string) {
+	if !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxDisplayNameLen {
+		c.add(field, "must be at most %d characters", maxDisplayNameLen)
+	}
+}
+
+// validateUser checks u (email already lower-cased). Fields are named as
+// in create requests and update masks ("email", "limits.rpm_limit").
+func validateUser(u *adminv1.User) error {
+	c := &validator{}
+	validateEmail(c, "email", u.GetEmail())
+	validateDisplayName(c, "display_name", u.GetDisplayName())
+	validateLimits(c, "limits", u.GetLimits(), LevelUser, nil)
+	validateMetadata(c, u.GetMetadata())
+	return c.err()
+}
+
+func userEvent(kind string, u store.User) store.OutboxEvent {
+	return store.OutboxEvent{Kind: kind, OrgID: u.OrgID, ObjectType: objUser, ObjectID: u.ID}
+}
+
+func (s *userService) CreateUser(ctx context.Context, req *connect.Request[adminv1.CreateUserRequest]) (*connect.Response[adminv1.CreateUserResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	orgID, err := createOrg(ctx, m.GetOrgId())
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "users of org "+orgID)); err != nil {
+		return nil, err
+	}
+	want := &adminv1.User{Email: normalizeEmail(m.GetEmail()), DisplayName: m.GetDisplayName(), Limits: m.GetLimits(), Metadata: m.GetMetadata()}
+	if err := validateUser(want); err != nil {
+		return nil, err
+	}
+	u := store.User{ID: ids.New(ids.User), OrgID: orgID, Email: want.Email, DisplayName: want.DisplayName,
+		Limits: limitsJSON(want.Limits), Metadata: want.Metadata}
+	var out *adminv1.User
+	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		if err := tx.UserInsert(ctx, &u); err != nil {
+			return err
+		}
+		var err error
+		if out, err = userToProto(u); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, audit.ActionCreated, objUser, u.ID, u.OrgID, "", nil, auditJSON(out)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, userEvent(store.EventUserUpserted, u))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.CreateUserResponse{User: out}), nil
+}
+
+func (s *userService) GetUser(ctx context.Context, req *connect.Request[adminv1.GetUserRequest]) (*connect.Response[adminv1.GetUserResponse], error) {
+	if err := orgLevelGate(ctx, authz.Read, "users"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetId()
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	u, err := s.store.UserGet(ctx, tenant(ctx), id)
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(u.OrgID, "user "+u.ID)); err != nil {
+		return nil, err
+	}
+	out, err := userToProto(u)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.GetUserResponse{User: out}), nil
+}
+
+func (s *userService) ListUsers(ctx context.Context, req *connect.Request[adminv1.ListUsersRequest]) (*connect.Response[adminv1.ListUsersResponse], error) {
+	m := req.Msg
+	t, err := listTenant(ctx, m.GetOrgId(), "users")
+	if err != nil {
+		return nil, err
+	}
+	limit, after, err := pageArgs(m.GetPageSize(), m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	q := store.UserQuery{EmailPrefix: normalizeEmail(m.GetEmailPrefix()), Blocked: m.Blocked}
+	rows, err := s.store.UserList(ctx, t, q, store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListUsersResponse{}
+	for _, r := range rows {
+		u, err := userToProto(r)
+		if err != nil {
+			return nil, err
+		}
+		resp.Users = append(resp.Users, u)
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *userService) UpdateUser(ctx context.Context, req *connect.Request[adminv1.UpdateUserRequest]) (*connect.Response[adminv1.UpdateUserResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetUser().GetId()
+	if err := requireID("user.id", id); err != nil {
+		return nil, err
+	}
+	var out *adminv1.User
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := userToProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(*adminv1.User)
+		if err := applyMask(after, req.Msg.GetUser(), req.Msg.GetUpdateMask(), userUpdatable...); err != nil {
+			return err
+		}
+		after.Email = normalizeEmail(after.Email)
+		if err := validateUser(after); err != nil {
+			return err
+		}
+		cur.Email, cur.DisplayName, cur.Limits, cur.Metadata = after.Email, after.DisplayName, limitsJSON(after.Limits), after.Metadata
+		if err := tx.UserUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
+		out = after
+		if err := tx.Audit(ctx, audit.ActionUpdated, objUser, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, userEvent(store.EventUserUpserted, cur))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateUserResponse{User: out}), nil
+}
+
+// userDeletedPayload is the payload of a user.deleted event: the teams
+// whose memberships of the user were removed with it.
+type userDeletedPayload struct {
+	TeamIDs []string `json:"team_ids"`
+}
+
+func (s *userService) DeleteUser(ctx context.Context, req *connect.Request[adminv1.DeleteUserRequest]) (*connect.Response[adminv1.DeleteUserResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetId()
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := userToProto(cur)
+		if err != nil {
+			return err
+		}
+		teamIDs, err := tx.UserDelete(ctx, cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, audit.ActionDeleted, objUser, cur.ID, cur.OrgID, "", auditJSON(before), nil); err != nil {
+			return err
+		}
+		payload, err := json.Marshal(userDeletedPayload{TeamIDs: teamIDs})
+		if err != nil {
+			return err
+		}
+		ev := userEvent(store.EventUserDeleted, cur)
+		ev.Payload = payload
+		return tx.Outbox(ctx, ev)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.DeleteUserResponse{}), nil
+}
+
+func (s *userService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.User, error) {
+	action, kind := audit.ActionBlocked, store.EventUserBlocked
+	if !blocked {
+		action, kind = audit.ActionUnblocked, store.EventUserUnblocked
+	}
+	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+		return nil, err
+	}
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	var out *adminv1.User
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := userToProto(cur)
+		if err != nil {
+			return err
+		}
+		if err := tx.UserSetBlocked(ctx, &cur, blocked); err != nil {
+			return err
+		}
+		if out, err = userToProto(cur); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, action, objUser, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(out)); err != nil {
+			return err
+		}
+		return tx.Outbox(ctx, userEvent(kind, cur))
+	})
+	return out, err
+}
+
+func (s *userService) BlockUser(ctx context.Context, req *connect.Request[adminv1.BlockUserRequest]) (*connect.Response[adminv1.BlockUserResponse], error) {
+	u, err := s.setBlocked(ctx, req.Msg.GetId(), true)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.BlockUserResponse{User: u}), nil
+}
+
+func (s *userService) UnblockUser(ctx context.Context, req *connect.Request[adminv1.UnblockUserRequest]) (*connect.Response[adminv1.UnblockUserResponse], error) {
+	u, err := s.setBlocked(ctx, req.Msg.GetId(), false)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UnblockUserResponse{User: u}), nil
 }

@@ -45,20 +45,20 @@ func notFound(what string) error {
 
 // constraintMessages explains constraint violations to clients.
 var constraintMessages = map[string]string{
-	"orgs_name_key":                "an org with this name already exists",
-	"teams_org_id_name_key":        "a team with this name already exists in the org",
-	"users_org_id_email_key":       "a user with this email already exists in the org",
+	"orgs_name_key":                    "an org with this name already exists",
+	"teams_org_id_name_key":            "a team with this name already exists in the org",
+	"users_org_id_email_key":           "a user with this email already exists in the org",
 	"customers_org_id_external_id_key": "a customer with this external_id already exists in the org",
-	"team_members_pkey":            "the user is already a member of the team",
-	"keys_org_id_team_id_fkey":     "team_id does not name a team of the key's org",
-	"keys_org_id_user_id_fkey":     "user_id does not name a user of the key's org",
+	"team_members_pkey":                "the user is already a member of the team",
+	"keys_org_id_team_id_fkey":         "team_id does not name a team of the key's org",
+	"keys_org_id_user_id_fkey":         "user_id does not name a user of the key's org",
 	"team_members_org_id_user_id_fkey": "user_id does not name a user of the team's org",
 	"admin_tokens_org_id_team_id_fkey": "team_id does not name a team of the token's org",
-	"admin_tokens_org_id_fkey":     "org_id does not name an org",
-	"teams_org_id_fkey":            "org_id does not name an org",
-	"users_org_id_fkey":            "org_id does not name an org",
-	"customers_org_id_fkey":        "org_id does not name an org",
-	"keys_org_id_fkey":             "org_id does not name an org",
+	"admin_tokens_org_id_fkey":         "org_id does not name an org",
+	"teams_org_id_fkey":                "org_id does not name an org",
+	"users_org_id_fkey":                "org_id does not name an org",
+	"customers_org_id_fkey":            "org_id does not name an org",
+	"keys_org_id_fkey":                 "org_id does not name an org",
 }
 
 // translate maps database errors to store errors. Messages of unknown
@@ -137,29 +137,29 @@ type OutboxEvent struct {
 
 // Outbox event kinds.
 const (
-	EventOrgUpserted      = "org.upserted"
-	EventOrgDeleted       = "org.deleted"
-	EventOrgBlocked       = "org.blocked"
-	EventOrgUnblocked     = "org.unblocked"
-	EventTeamUpserted     = "team.upserted"
-	EventTeamDeleted      = "team.deleted"
-	EventTeamBlocked      = "team.blocked"
-	EventTeamUnblocked    = "team.unblocked"
-	EventMemberUpserted   = "member.upserted"
-	EventMemberDeleted    = "member.deleted"
-	EventUserUpserted     = "user.upserted"
-	EventUserDeleted      = "user.deleted"
-	EventUserBlocked      = "user.blocked"
-	EventUserUnblocked    = "user.unblocked"
-	EventCustomerUpserted = "customer.upserted"
-	EventCustomerDeleted  = "customer.deleted"
-	EventCustomerBlocked  = "customer.blocked"
+	EventOrgUpserted       = "org.upserted"
+	EventOrgDeleted        = "org.deleted"
+	EventOrgBlocked        = "org.blocked"
+	EventOrgUnblocked      = "org.unblocked"
+	EventTeamUpserted      = "team.upserted"
+	EventTeamDeleted       = "team.deleted"
+	EventTeamBlocked       = "team.blocked"
+	EventTeamUnblocked     = "team.unblocked"
+	EventMemberUpserted    = "member.upserted"
+	EventMemberDeleted     = "member.deleted"
+	EventUserUpserted      = "user.upserted"
+	EventUserDeleted       = "user.deleted"
+	EventUserBlocked       = "user.blocked"
+	EventUserUnblocked     = "user.unblocked"
+	EventCustomerUpserted  = "customer.upserted"
+	EventCustomerDeleted   = "customer.deleted"
+	EventCustomerBlocked   = "customer.blocked"
 	EventCustomerUnblocked = "customer.unblocked"
-	EventKeyUpserted      = "key.upserted"
-	EventKeyDeleted       = "key.deleted"
-	EventKeyRotated       = "key.rotated"
-	EventKeyBlocked       = "key.blocked"
-	EventKeyUnblocked     = "key.unblocked"
+	EventKeyUpserted       = "key.upserted"
+	EventKeyDeleted        = "key.deleted"
+	EventKeyRotated        = "key.rotated"
+	EventKeyBlocked        = "key.blocked"
+	EventKeyUnblocked      = "key.unblocked"
 )
 
 // Tx is a mutation in progress. It is only valid inside Mutate's function.
