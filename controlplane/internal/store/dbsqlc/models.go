@@ -49,6 +49,21 @@ type ChainHead struct {
 	OutboxSeq int64
 }
 
+type ConfigVersion struct {
+	Version   int64
+	EventsSeq int64
+	Digest    []byte
+	SizeBytes int64
+	Object    string
+	CreatedAt time.Time
+}
+
+type ConfigVersionRegion struct {
+	Version   int64
+	Region    string
+	RegionSeq int64
+}
+
 type Customer struct {
 	ID          string
 	OrgID       string
@@ -59,6 +74,19 @@ type Customer struct {
 	Metadata    []byte
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+}
+
+type DataPlane struct {
+	InstanceID       string
+	Region           string
+	AppliedVersion   int64
+	EventsSeq        int64
+	RegionSeq        int64
+	Health           string
+	InFlight         int64
+	StalenessSeconds float64
+	Rejected         []byte
+	LastSeen         time.Time
 }
 
 type Key struct {
@@ -114,6 +142,16 @@ type Outbox struct {
 	ObjectID    string
 	Payload     []byte
 	PublishedAt *time.Time
+}
+
+type Region struct {
+	Name           string
+	Policy         string
+	RegionSeq      int64
+	CurrentVersion int64
+	Rollback       bool
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
 }
 
 type Team struct {

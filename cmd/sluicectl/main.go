@@ -1,0 +1,23 @@
+// Command sluicectl is the command-line client of the Sluice admin API:
+// contexts with tenant-scoped admin tokens, create/get/list/update/delete
+// of orgs, teams, members, users, keys, customers and admin tokens, key
+// rotation, block/unblock, and the audit trail. See docs/sluicectl.md.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sluicectl:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"flag"
+
+	"google.golang.org/protobuf/proto"
+
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+var orgColumns = []column[*adminv1.Org]{
+	{"ID", (*adminv1.Org).GetId},
+	{"NAME", (*adminv1.Org).GetName},
+	{"BLOCKED", func(o *adminv1.Org) string { return yesNo(o.GetBlocked()) }},
+	{"LIMITS", func(o *adminv1.Org) string { return limitsSummary(o.GetLimits()) }},
+	{"CREATED", func(o *adminv1.Org) string { return formatTime(o.GetCreateTime()) }},
+}
+
+// orgFields registers the settable fields of an org.
+func orgFields(f *fields, o *adminv1.Org) {
+	f.String(&o.Name, "name", "name", "org name, unique on the platform (1–100 characters)")
+	f.Limits(&o.Limits, limitsBasic)
+	f.Metadata(&o.Metadata)
+}
+
+func orgCommand() *command {
+	return group("org", "manage organisations", []*command{
+		leaf("create", "[NAME]", "create an org (needs a platform token)", runOrgCreate),
+		idCommand("get", "ORG", "show an org", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+			r, err := call(ctx, c.orgs.GetOrg, &adminv1.GetOrgRequest{Id: id})
+			return r.GetOrg(), err
+		}),
+		listCommand("", "list orgs", orgColumns, func(fs *flag.FlagSet) fetchPage[*adminv1.Org] {
+			req := &adminv1.ListOrgsRequest{}
+			fs.StringVar(&req.NamePrefix, "name-prefix", "", "only orgs whose name starts with this")
+			fs.Var(&optBool{&req.Blocked}, "blocked", "only blocked (--blocked) or unblocked (--blocked=false) orgs")
+			return func(ctx context.Context, c *clients, _ []string, size int32, tok string) ([]*adminv1.Org, string, error) {
+				req.PageSize, req.PageToken = size, tok
+				r, err := call(ctx, c.orgs.ListOrgs, req)
+				return r.GetOrgs(), r.GetNextPageToken(), err
+			}
+		}),
+		leaf("update", "ORG_ID", "change the fields given as flags (--clear FLAG unsets one)", runOrgUpdate),
+		deleteCommand("org", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+			return call(ctx, c.orgs.DeleteOrg, &adminv1.DeleteOrgRequest{Id: id})
+		}),
+		idCommand("block", "ORG", "block an org: every key in it is rejected (403)", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+			r, err := call(ctx, c.orgs.BlockOrg, &adminv1.BlockOrgRequest{Id: id})
+			return r.GetOrg(), err
+		}),
+		idCommand("unblock", "ORG", "unblock an org", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+			r, err := call(ctx, c.orgs.UnblockOrg, &adminv1.UnblockOrgRequest{Id: id})
+			return r.GetOrg(), err
+		}),
+	}, "orgs")
+}
+
+func runOrgCreate(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	o := &adminv1.Org{}
+	orgFields(newFields(fs), o)
+	pos, err := a.parse(fs, c, 0, 1)
+	if err != nil {
+		return err
+	}
+	if err := nameArg(pos, &o.Name, "name"); err != nil {
+		return err
+	}
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.orgs.CreateOrg, &adminv1.CreateOrgRequest{Name: o.Name, Limits: o.Limits, Metadata: o.Metadata})
+	if err != nil {
+		return err
+	}
+	return p.one(r.GetOrg(), r.GetOrg())
+}
+
+func runOrgUpdate(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	o := &adminv1.Org{}
+	f := newFields(fs)
+	orgFields(f, o)
+	f.Clearable()
+	pos, err := a.parse(fs, c, 1, 1)
+	if err != nil {
+		return err
+	}
+	mask, err := f.updateMask()
+	if err != nil {
+		return err
+	}
+	o.Id = pos[0]
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.orgs.UpdateOrg, &adminv1.UpdateOrgRequest{Org: o, UpdateMask: mask})
+	if err != nil {
+		return err
+	}
+	return p.one(r.GetOrg(), r.GetOrg())
+}

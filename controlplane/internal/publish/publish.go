@@ -1,0 +1,611 @@
+// Package publish distributes configuration to the data planes over NATS
+// JetStream (SPEC §6).
+//
+// One control-plane replica at a time leads (a Postgres advisory lock held
+// on a dedicated connection). The leader:
+//
+//   - reads the outbox in commit order and appends each change, as a
+//     state-carrying Event, to the stream of every region that should get
+//     it: every region for security events (blocks, deletions, rotations
+//     without grace), auto regions for everything else. Appends carry a
+//     dedupe id and an expected-last-sequence check, so a region's stream
+//     sequence is its region_seq and a second publisher can neither
+//     duplicate nor reorder an event;
+//   - compiles full snapshots after changes (debounced) into the object
+//     store, records each region's stream position at compile time, and
+//     points each region's KV entry at the version it should run.
+//
+// Every replica publishes liveness ticks and records data-plane heartbeats.
+package publish
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/proto/wire"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+)
+
+// Defaults.
+const (
+	DefaultDebounce       = 150 * time.Millisecond
+	DefaultMaxDelay       = 2 * time.Second
+	DefaultPollInterval   = 500 * time.Millisecond
+	DefaultTickInterval   = time.Second
+	DefaultStreamMaxAge   = 7 * 24 * time.Hour
+	DefaultDuplicateWindow = 2 * time.Minute
+	batchSize             = 500
+	// leaderLockID is the advisory lock of the publishing leader.
+	leaderLockID = 0x736c7569636532
+)
+
+// Config configures the publisher.
+type Config struct {
+	// InstanceID names this control-plane replica in ticks and logs.
+	InstanceID string
+	// Debounce is how long after a change a snapshot is compiled (more
+	// changes within it are folded in), up to MaxDelay after the first.
+	Debounce time.Duration
+	MaxDelay time.Duration
+	// PollInterval bounds how long a change waits if a notification is
+	// lost.
+	PollInterval time.Duration
+	// TickInterval is the liveness tick period.
+	TickInterval time.Duration
+	// StreamMaxAge bounds how long region events are kept: a data plane
+	// (or a rollback) can replay at most this far back.
+	StreamMaxAge time.Duration
+	// Replicas is the JetStream replica count of streams and buckets.
+	Replicas int
+	// OnHeartbeat records a data-plane heartbeat (nil: ignored).
+	OnHeartbeat func(ctx context.Context, hb *configv1.Heartbeat) error
+	Logger      *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.Debounce == 0 {
+		c.Debounce = DefaultDebounce
+	}
+	if c.MaxDelay == 0 {
+		c.MaxDelay = DefaultMaxDelay
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.TickInterval == 0 {
+		c.TickInterval = DefaultTickInterval
+	}
+	if c.StreamMaxAge == 0 {
+		c.StreamMaxAge = DefaultStreamMaxAge
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Publisher runs the distribution side of the control plane.
+type Publisher struct {
+	cfg   Config
+	store *store.Store
+	pool  *pgxpool.Pool
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	log   *slog.Logger
+
+	mu       sync.Mutex
+	leader   bool
+	pointers map[string]*configv1.SnapshotPointer // last written per region
+}
+
+// New returns a publisher. nc must stay open while Run runs.
+func New(cfg Config, st *store.Store, pool *pgxpool.Pool, nc *nats.Conn) (*Publisher, error) {
+	cfg.defaults()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	return &Publisher{cfg: cfg, store: st, pool: pool, nc: nc, js: js, log: cfg.Logger, pointers: map[string]*configv1.SnapshotPointer{}}, nil
+}
+
+// IsLeader reports whether this replica currently publishes.
+func (p *Publisher) IsLeader() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leader
+}
+
+func (p *Publisher) setLeader(v bool) {
+	p.mu.Lock()
+	p.leader = v
+	p.mu.Unlock()
+}
+
+// Run publishes until ctx is done.
+func (p *Publisher) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); p.tickLoop(ctx) }()
+	go func() { defer wg.Done(); p.heartbeatLoop(ctx) }()
+	for ctx.Err() == nil {
+		if err := p.lead(ctx); err != nil && ctx.Err() == nil {
+			p.log.Warn("publisher leadership ended", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	wg.Wait()
+	return nil
+}
+
+// lead tries to become leader and, if it does, publishes until its lock
+// connection fails or ctx is done.
+func (p *Publisher) lead(ctx context.Context) error {
+	conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return fmt.Errorf("connect for leader lock: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(leaderLockID)).Scan(&got); err != nil {
+		return fmt.Errorf("leader lock: %w", err)
+	}
+	if !got {
+		return nil // another replica leads; try again later
+	}
+	if _, err := conn.Exec(ctx, `LISTEN sluice_outbox`); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	p.setLeader(true)
+	defer p.setLeader(false)
+	p.log.Info("publisher is leader", "instance", p.cfg.InstanceID)
+
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wake := make(chan struct{}, 1)
+	lost := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := conn.WaitForNotification(lctx); err != nil {
+				lost <- err
+				return
+			}
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	if err := p.ensureInfra(ctx); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.pointers = map[string]*configv1.SnapshotPointer{}
+	p.mu.Unlock()
+
+	var dirtySince, lastChange time.Time
+	if need, err := p.needsInitialCompile(ctx); err != nil {
+		return err
+	} else if need {
+		dirtySince, lastChange = time.Now(), time.Now().Add(-p.cfg.Debounce)
+	}
+	refreshPointers := true
+	for {
+		changed, pointerRegions, err := p.publishAll(ctx)
+		if err != nil {
+			return err
+		}
+		if changed {
+			if dirtySince.IsZero() {
+				dirtySince = time.Now()
+			}
+			lastChange = time.Now()
+		}
+		if !dirtySince.IsZero() && (time.Since(lastChange) >= p.cfg.Debounce || time.Since(dirtySince) >= p.cfg.MaxDelay) {
+			if err := p.compile(ctx); err != nil {
+				return err
+			}
+			dirtySince = time.Time{}
+			refreshPointers = true
+		}
+		if refreshPointers || len(pointerRegions) > 0 {
+			needCompile, err := p.writePointers(ctx, refreshPointers, pointerRegions)
+			if err != nil {
+				return err
+			}
+			refreshPointers = false
+			if needCompile && dirtySince.IsZero() {
+				dirtySince, lastChange = time.Now(), time.Now().Add(-p.cfg.Debounce)
+				continue
+			}
+		}
+		wait := p.cfg.PollInterval
+		if !dirtySince.IsZero() {
+			wait = min(wait, max(time.Millisecond, p.cfg.Debounce-time.Since(lastChange)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-lost:
+			return fmt.Errorf("leader connection: %w", err)
+		case <-wake:
+		case <-time.After(wait):
+		}
+	}
+}
+
+// ensureInfra creates the buckets and every region's stream.
+func (p *Publisher) ensureInfra(ctx context.Context) error {
+	if _, err := p.js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{
+		Bucket: wire.SnapshotBucket, Storage: jetstream.FileStorage, Replicas: p.cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("snapshot bucket: %w", err)
+	}
+	if _, err := p.js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: wire.PointerBucket, History: 10, Storage: jetstream.FileStorage, Replicas: p.cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("pointer bucket: %w", err)
+	}
+	regions, err := p.store.Regions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, r := range regions {
+		if err := p.ensureStream(ctx, r.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (p *Publisher) ensureStream(ctx context.Context, region string) error {
+	_, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       wire.EventStream(region),
+		Subjects:   []string{wire.EventSubject(region)},
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		MaxAge:     p.cfg.StreamMaxAge,
+		Duplicates: DefaultDuplicateWindow,
+		Replicas:   p.cfg.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("event stream of region %s: %w", region, err)
+	}
+	return nil
+}
+
+func (p *Publisher) needsInitialCompile(ctx context.Context) (bool, error) {
+	next, err := p.store.NextConfigVersion(ctx)
+	if err != nil {
+		return false, err
+	}
+	if next == 1 {
+		return true, nil
+	}
+	regions, err := p.store.Regions(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, r := range regions {
+		if r.CurrentVersion == 0 {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// publishAll publishes every pending outbox row. It reports whether any
+// configuration changed and which regions' pointers must be rewritten.
+func (p *Publisher) publishAll(ctx context.Context) (bool, map[string]bool, error) {
+	changed := false
+	pointerRegions := map[string]bool{}
+	for {
+		n, err := p.store.PublishPending(ctx, batchSize, func(ctx context.Context, rows []store.OutboxRow, regions []store.RegionState) (map[string]int64, error) {
+			seqs := map[string]int64{}
+			for _, r := range regions {
+				seqs[r.Name] = r.RegionSeq
+			}
+			for _, row := range rows {
+				if row.Kind == store.EventRegionPointer {
+					pointerRegions[row.ObjectID] = true
+					if err := p.ensureStream(ctx, row.ObjectID); err != nil {
+						return nil, err
+					}
+					continue
+				}
+				changed = true
+				ev, err := p.buildEvent(ctx, row)
+				if err != nil {
+					return nil, fmt.Errorf("build event %d (%s): %w", row.Seq, row.Kind, err)
+				}
+				for _, r := range regions {
+					if r.Policy != "auto" && !ev.Security {
+						continue
+					}
+					next := seqs[r.Name] + 1
+					data, err := proto.Marshal(&configv1.RegionEvent{Region: r.Name, RegionSeq: uint64(next), Event: ev})
+					if err != nil {
+						return nil, err
+					}
+					_, err = p.js.Publish(ctx, wire.EventSubject(r.Name), data,
+						jetstream.WithMsgID(wire.EventMsgID(r.Name, uint64(next))),
+						jetstream.WithExpectLastSequence(uint64(next-1)))
+					if err != nil {
+						return nil, fmt.Errorf("publish event %d to region %s: %w", row.Seq, r.Name, err)
+					}
+					seqs[r.Name] = next
+				}
+			}
+			return seqs, nil
+		})
+		if err != nil {
+			return changed, pointerRegions, err
+		}
+		if n < batchSize {
+			return changed, pointerRegions, nil
+		}
+	}
+}
+
+// securityKinds reach every region at once.
+func isSecurity(row store.OutboxRow) bool {
+	switch {
+	case strings.HasSuffix(row.Kind, ".blocked"), strings.HasSuffix(row.Kind, ".deleted"):
+		return true
+	case row.Kind == store.EventKeyRotated:
+		var pl struct {
+			GraceUntil string `json:"grace_until"`
+		}
+		_ = json.Unmarshal(row.Payload, &pl)
+		return pl.GraceUntil == ""
+	}
+	return false
+}
+
+// buildEvent turns an outbox row into a state-carrying event, reading the
+// object's current state (a later row carries any later state).
+func (p *Publisher) buildEvent(ctx context.Context, row store.OutboxRow) (*configv1.Event, error) {
+	ev := &configv1.Event{Seq: uint64(row.Seq), At: timestamppb.New(row.At), Kind: row.Kind, Security: isSecurity(row)}
+	if strings.HasSuffix(row.Kind, ".blocked") || strings.HasSuffix(row.Kind, ".unblocked") {
+		ev.Change = &configv1.Event_Block{Block: &configv1.BlockChange{
+			ObjectType: row.ObjectType, Id: row.ObjectID, Blocked: strings.HasSuffix(row.Kind, ".blocked"),
+		}}
+		return ev, nil
+	}
+	gone := func(err error) bool { return errors.Is(err, store.ErrNotFound) }
+	all := store.Tenant{}
+	switch row.ObjectType {
+	case "org":
+		o, err := p.store.OrgGet(ctx, all, row.ObjectID)
+		if gone(err) || row.Kind == store.EventOrgDeleted {
+			ev.Change = &configv1.Event_OrgDeleted{OrgDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := orgMsg(o)
+		ev.Change = &configv1.Event_Org{Org: m}
+		return ev, err
+	case "team":
+		t, err := p.store.TeamGet(ctx, all, row.ObjectID)
+		if gone(err) || row.Kind == store.EventTeamDeleted {
+			ev.Change = &configv1.Event_TeamDeleted{TeamDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := teamMsg(t)
+		ev.Change = &configv1.Event_Team{Team: m}
+		return ev, err
+	case "user":
+		u, err := p.store.UserGet(ctx, all, row.ObjectID)
+		if gone(err) || row.Kind == store.EventUserDeleted {
+			ev.Change = &configv1.Event_UserDeleted{UserDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := userMsg(u)
+		ev.Change = &configv1.Event_User{User: m}
+		return ev, err
+	case "customer":
+		c, err := p.store.CustomerGet(ctx, all, row.ObjectID)
+		if gone(err) || row.Kind == store.EventCustomerDeleted {
+			ev.Change = &configv1.Event_CustomerDeleted{CustomerDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := customerMsg(c)
+		ev.Change = &configv1.Event_Customer{Customer: m}
+		return ev, err
+	case "key":
+		k, err := p.store.ConfigKeyGet(ctx, row.ObjectID)
+		if gone(err) || row.Kind == store.EventKeyDeleted {
+			ev.Change = &configv1.Event_KeyDeleted{KeyDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := keyMsg(k, time.Now())
+		ev.Change = &configv1.Event_Key{Key: m}
+		return ev, err
+	case "team_member":
+		var ref struct {
+			TeamID string `json:"team_id"`
+			UserID string `json:"user_id"`
+		}
+		if err := json.Unmarshal(row.Payload, &ref); err != nil || ref.TeamID == "" || ref.UserID == "" {
+			if i := strings.IndexByte(row.ObjectID, '/'); i > 0 {
+				ref.TeamID, ref.UserID = row.ObjectID[:i], row.ObjectID[i+1:]
+			}
+		}
+		mb, err := p.store.ConfigMemberGet(ctx, ref.TeamID, ref.UserID)
+		if gone(err) || row.Kind == store.EventMemberDeleted {
+			ev.Change = &configv1.Event_MemberDeleted{MemberDeleted: &configv1.MemberRef{TeamId: ref.TeamID, UserId: ref.UserID}}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		m, err := memberMsg(mb)
+		ev.Change = &configv1.Event_Member{Member: m}
+		return ev, err
+	}
+	return nil, fmt.Errorf("unknown object type %q", row.ObjectType)
+}
+
+// compile builds, stores and records a new snapshot version.
+func (p *Publisher) compile(ctx context.Context) error {
+	start := time.Now()
+	regions, err := p.store.Regions(ctx)
+	if err != nil {
+		return err
+	}
+	seqs := map[string]int64{}
+	for _, r := range regions {
+		seqs[r.Name] = r.RegionSeq
+	}
+	st, err := p.store.ConfigState(ctx)
+	if err != nil {
+		return err
+	}
+	v, err := p.store.NextConfigVersion(ctx)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UTC()
+	snap, err := snapshotFrom(st, uint64(v), now)
+	if err != nil {
+		return err
+	}
+	body, digest, err := wire.EncodeSnapshot(snap)
+	if err != nil {
+		return err
+	}
+	obs, err := p.js.ObjectStore(ctx, wire.SnapshotBucket)
+	if err != nil {
+		return fmt.Errorf("snapshot bucket: %w", err)
+	}
+	name := wire.SnapshotObject(uint64(v))
+	if _, err := obs.PutBytes(ctx, name, body); err != nil {
+		return fmt.Errorf("store snapshot %d: %w", v, err)
+	}
+	if _, err := p.store.RecordConfigVersion(ctx, store.VersionRecord{
+		Version: v, EventsSeq: st.EventsSeq, Digest: digest, Size: int64(len(body)), Object: name, CreatedAt: now,
+	}, seqs); err != nil {
+		return err
+	}
+	p.log.Info("compiled snapshot", "version", v, "events_seq", st.EventsSeq, "keys", len(snap.Keys),
+		"size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// writePointers writes the KV entry of the given regions (all with all),
+// skipping unchanged ones. It reports whether some region lacks a
+// position for its version (a new compile fixes that).
+func (p *Publisher) writePointers(ctx context.Context, all bool, some map[string]bool) (bool, error) {
+	kv, err := p.js.KeyValue(ctx, wire.PointerBucket)
+	if err != nil {
+		return false, fmt.Errorf("pointer bucket: %w", err)
+	}
+	regions, err := p.store.Regions(ctx)
+	if err != nil {
+		return false, err
+	}
+	needCompile := false
+	for _, r := range regions {
+		if !all && !some[r.Name] {
+			continue
+		}
+		ptr, err := p.store.RegionPointer(ctx, r.Name)
+		if errors.Is(err, store.ErrNoPosition) {
+			needCompile = true
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		msg := &configv1.SnapshotPointer{Version: uint64(ptr.Version), Digest: ptr.Digest, EventsSeq: uint64(ptr.EventsSeq),
+			RegionSeq: uint64(ptr.RegionSeq), Object: ptr.Object, Rollback: ptr.Rollback}
+		p.mu.Lock()
+		same := proto.Equal(p.pointers[r.Name], msg)
+		p.mu.Unlock()
+		if same {
+			continue
+		}
+		data, err := proto.Marshal(msg)
+		if err != nil {
+			return false, err
+		}
+		if _, err := kv.Put(ctx, wire.PointerKey(r.Name), data); err != nil {
+			return false, fmt.Errorf("write pointer of region %s: %w", r.Name, err)
+		}
+		p.mu.Lock()
+		p.pointers[r.Name] = msg
+		p.mu.Unlock()
+		p.log.Info("region pointer", "region", r.Name, "version", ptr.Version, "region_seq", ptr.RegionSeq, "rollback", ptr.Rollback)
+	}
+	return needCompile, nil
+}
+
+func (p *Publisher) tickLoop(ctx context.Context) {
+	t := time.NewTicker(p.cfg.TickInterval)
+	defer t.Stop()
+	for {
+		data, _ := proto.Marshal(&configv1.Tick{At: timestamppb.Now(), ControlInstance: p.cfg.InstanceID})
+		if err := p.nc.Publish(wire.TickSubject, data); err != nil && ctx.Err() == nil {
+			p.log.Debug("tick not sent", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (p *Publisher) heartbeatLoop(ctx context.Context) {
+	if p.cfg.OnHeartbeat == nil {
+		return
+	}
+	ch := make(chan *nats.Msg, 1024)
+	sub, err := p.nc.ChanQueueSubscribe(wire.HeartbeatSubjectAll, "sluice-control", ch)
+	if err != nil {
+		p.log.Error("heartbeat subscription failed", "error", err)
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m := <-ch:
+			hb := &configv1.Heartbeat{}
+			if err := proto.Unmarshal(m.Data, hb); err != nil {
+				p.log.Warn("undecodable heartbeat", "subject", m.Subject)
+				continue
+			}
+			if err := p.cfg.OnHeartbeat(ctx, hb); err != nil && ctx.Err() == nil {
+				p.log.Warn("heartbeat not recorded", "instance", hb.GetInstanceId(), "error", err)
+			}
+		}
+	}
+}
