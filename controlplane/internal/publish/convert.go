@@ -8,8 +8,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluicegw/sluice/controlplane/internal/store"
-	"github.com/sluicegw/sluice/proto/wire"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	"github.com/sluicegw/sluice/proto/wire"
 )
 
 // limits converts stored limits (JSON of sluice.admin.v1.Limits, whose

@@ -36,19 +36,19 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/sluicegw/sluice/controlplane/internal/store"
-	"github.com/sluicegw/sluice/proto/wire"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	"github.com/sluicegw/sluice/proto/wire"
 )
 
 // Defaults.
 const (
-	DefaultDebounce       = 150 * time.Millisecond
-	DefaultMaxDelay       = 2 * time.Second
-	DefaultPollInterval   = 500 * time.Millisecond
-	DefaultTickInterval   = time.Second
-	DefaultStreamMaxAge   = 7 * 24 * time.Hour
+	DefaultDebounce        = 150 * time.Millisecond
+	DefaultMaxDelay        = 2 * time.Second
+	DefaultPollInterval    = 500 * time.Millisecond
+	DefaultTickInterval    = time.Second
+	DefaultStreamMaxAge    = 7 * 24 * time.Hour
 	DefaultDuplicateWindow = 2 * time.Minute
-	batchSize             = 500
+	batchSize              = 500
 	// leaderLockID is the advisory lock of the publishing leader.
 	leaderLockID = 0x736c7569636532
 )
