@@ -18,10 +18,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 
 	"github.com/sluicegw/sluice/controlplane/internal/admin"
+	"github.com/sluicegw/sluice/controlplane/internal/publish"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/token"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	"github.com/sluicegw/sluice/sql/migrations"
 )
 
@@ -30,6 +33,8 @@ const (
 	// DefaultAdminAddr is loopback only: exposing the admin API is a
 	// deliberate act.
 	DefaultAdminAddr = "127.0.0.1:8081"
+	// DefaultNATSURL is the local NATS server.
+	DefaultNATSURL = "nats://127.0.0.1:4222"
 	// DefaultDatabaseURL is the local development database.
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/sluice?sslmode=disable"
 	// DefaultShutdownTimeout bounds graceful shutdown.
@@ -45,6 +50,13 @@ type Config struct {
 	DatabaseURL string
 	// AdminAddr is the admin API's listen address (HTTP/1.1 and h2c).
 	AdminAddr string
+	// NATSURL is the NATS server (JetStream enabled) config is
+	// distributed through.
+	NATSURL string
+	// InstanceID names this replica (default: host name and pid).
+	InstanceID string
+	// Publish tunes config distribution (zero values: defaults).
+	Publish PublishConfig
 	// BootstrapToken is the platform-admin token for first setup
 	// (SLUICE_ADMIN_TOKEN); empty disables it.
 	BootstrapToken string
@@ -75,6 +87,9 @@ func (c *Config) Validate() error {
 	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
 		errs = append(errs, fmt.Errorf("admin address %q: %w", c.AdminAddr, err))
 	}
+	if c.NATSURL == "" {
+		errs = append(errs, errors.New("NATS URL is required (--nats-url or SLUICE_NATS_URL)"))
+	}
 	if c.BootstrapToken != "" && len(c.BootstrapToken) < MinBootstrapTokenLen {
 		errs = append(errs, fmt.Errorf("bootstrap admin token (SLUICE_ADMIN_TOKEN) is %d characters; want at least %d", len(c.BootstrapToken), MinBootstrapTokenLen))
 	}
@@ -103,6 +118,17 @@ type ControlPlane struct {
 	ln    net.Listener
 	srv   *http.Server
 	store *store.Store
+	nc    *nats.Conn
+	pub   *publish.Publisher
+}
+
+// PublishConfig tunes config distribution; zero values take the defaults
+// of the publish package.
+type PublishConfig struct {
+	// Debounce delays snapshot compilation after a change (default 150ms).
+	Debounce time.Duration
+	// TickInterval is the liveness tick period (default 1s).
+	TickInterval time.Duration
 }
 
 // New connects to Postgres, checks (or applies, with Migrate) the schema
@@ -140,12 +166,34 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		pool.Close()
 		return nil, err
 	}
+	if cfg.InstanceID == "" {
+		host, _ := os.Hostname()
+		cfg.InstanceID = fmt.Sprintf("%s-%d", host, os.Getpid())
+	}
+	nc, err := nats.Connect(cfg.NATSURL, nats.Name("sluice-control "+cfg.InstanceID), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect nats: %w", err)
+	}
+	st := store.New(pool, cfg.Now)
+	pub, err := publish.New(publish.Config{
+		InstanceID: cfg.InstanceID, Debounce: cfg.Publish.Debounce, TickInterval: cfg.Publish.TickInterval, Logger: log,
+		OnHeartbeat: func(ctx context.Context, hb *configv1.Heartbeat) error {
+			return st.DataPlaneUpsert(ctx, dataPlaneFrom(hb))
+		},
+	}, st, pool, nc)
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
+		nc.Close()
 		pool.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
 	}
-	st := store.New(pool, cfg.Now)
 	mux := http.NewServeMux()
 	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken, Logger: log}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -171,7 +219,7 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if cfg.BootstrapToken == "" {
 		log.Warn("no bootstrap admin token configured (SLUICE_ADMIN_TOKEN); only admin tokens from the database are accepted")
 	}
-	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st}, nil
+	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub}, nil
 }
 
 // Addr returns the admin API's bound address.
@@ -181,6 +229,11 @@ func (c *ControlPlane) Addr() string { return c.ln.Addr().String() }
 // the database pool.
 func (c *ControlPlane) Run(ctx context.Context) error {
 	defer c.pool.Close()
+	defer c.nc.Close()
+	pctx, stopPub := context.WithCancel(ctx)
+	pubDone := make(chan struct{})
+	go func() { defer close(pubDone); _ = c.pub.Run(pctx) }()
+	defer func() { stopPub(); <-pubDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- c.srv.Serve(c.ln) }()
 	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())
@@ -196,4 +249,17 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 	}
 	c.log.Info("control plane stopped")
 	return nil
+}
+
+// dataPlaneFrom converts a heartbeat to the fleet row.
+func dataPlaneFrom(hb *configv1.Heartbeat) store.DataPlane {
+	d := store.DataPlane{
+		InstanceID: hb.GetInstanceId(), Region: hb.GetRegion(), AppliedVersion: hb.GetAppliedVersion(),
+		EventsSeq: hb.GetEventsSeq(), RegionSeq: hb.GetRegionSeq(), Health: hb.GetHealth(), InFlight: hb.GetInFlight(),
+		StalenessSeconds: hb.GetStalenessSeconds(),
+	}
+	for _, r := range hb.GetRejected() {
+		d.Rejected = append(d.Rejected, store.RejectedSnapshot{Version: r.GetVersion(), Reason: r.GetReason(), Time: r.GetAt().AsTime()})
+	}
+	return d
 }

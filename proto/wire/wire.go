@@ -36,6 +36,9 @@ const (
 	TickSubject = "sluice.control.tick"
 	// HeartbeatSubjectPrefix + region + "." + instance carries heartbeats.
 	HeartbeatSubjectPrefix = "sluice.fleet.heartbeat."
+	// ResyncSubject is where a data plane that found a gap in its region's
+	// stream asks for a fresh snapshot (core NATS; body: the region).
+	ResyncSubject = "sluice.control.resync"
 	// HeartbeatSubjectAll subscribes to every heartbeat.
 	HeartbeatSubjectAll = "sluice.fleet.heartbeat.>"
 )

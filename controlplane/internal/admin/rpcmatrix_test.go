@@ -88,7 +88,7 @@ var builders = map[string]func(o objs) string{
 		return `{"team_id":"` + o.TeamID + `","user_id":"` + o.FreeUserID + `"}`
 	},
 	"UpdateTeamMember": func(o objs) string {
-		return `{"member":{"team_id":"` + o.TeamID + `","user_id":"` + o.UserID + `","limits":{"rpm_limit":5}},"update_mask":"limits.rpm_limit"}`
+		return `{"member":{"team_id":"` + o.TeamID + `","user_id":"` + o.UserID + `","limits":{"rpm_limit":5}},"update_mask":"limits.rpmLimit"}`
 	},
 	"RemoveTeamMember": func(o objs) string { return `{"team_id":"` + o.TeamID + `","user_id":"` + o.UserID + `"}` },
 	"ListTeamMembers":  func(o objs) string { return `{"team_id":"` + o.TeamID + `"}` },
@@ -97,7 +97,7 @@ var builders = map[string]func(o objs) string{
 	"GetUser":    func(o objs) string { return `{"id":"` + o.UserID + `"}` },
 	"ListUsers":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"UpdateUser": func(o objs) string {
-		return `{"user":{"id":"` + o.UserID + `","display_name":"X"},"update_mask":"display_name"}`
+		return `{"user":{"id":"` + o.UserID + `","display_name":"X"},"update_mask":"displayName"}`
 	},
 	"DeleteUser":  func(o objs) string { return `{"id":"` + o.FreeUserID + `"}` },
 	"BlockUser":   func(o objs) string { return `{"id":"` + o.UserID + `"}` },
@@ -118,7 +118,7 @@ var builders = map[string]func(o objs) string{
 	"GetCustomer":    func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
 	"ListCustomers":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"UpdateCustomer": func(o objs) string {
-		return `{"customer":{"id":"` + o.CustomerID + `","display_name":"X"},"update_mask":"display_name"}`
+		return `{"customer":{"id":"` + o.CustomerID + `","display_name":"X"},"update_mask":"displayName"}`
 	},
 	"DeleteCustomer":  func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
 	"BlockCustomer":   func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
@@ -133,6 +133,14 @@ var builders = map[string]func(o objs) string{
 
 	"ListAuditEvents":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"VerifyAuditChain": func(o objs) string { return `{}` },
+
+	// Fleet and rollout are platform-wide; mkFixture leaves region
+	// "default" at version 2 of the compiled versions 1-3.
+	"ListDataPlanes":   func(o objs) string { return `{}` },
+	"GetRolloutStatus": func(o objs) string { return `{}` },
+	"UpsertRegion":     func(o objs) string { return `{"name":"region-` + u() + `","policy":"ROLLOUT_POLICY_STAGED"}` },
+	"PromoteVersion":   func(o objs) string { return `{"region":"default","version":3}` },
+	"RollbackRegion":   func(o objs) string { return `{"region":"default","version":1}` },
 }
 
 // orgFixture is one org with two teams, each with a member, a key and a
@@ -162,6 +170,11 @@ func (b *bundle) mkFixture(name string) orgFixture {
 		return r.Msg.User.Id
 	}
 	cus, err := c.Customer.CreateCustomer(ctx, connect.NewRequest(&adminv1.CreateCustomerRequest{OrgId: org.Id, ExternalId: "cust-" + u()}))
+	must(err)
+	for v := uint64(1); v <= 3; v++ {
+		b.mkConfigVersion(v, "default")
+	}
+	_, err = b.pool.Exec(ctx, `UPDATE regions SET current_version = 2, rollback = false WHERE name = 'default'`)
 	must(err)
 	emptyTeam := mkTeam("empty")
 	freeUser := mkUser()

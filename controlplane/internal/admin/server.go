@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -56,6 +58,8 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle(adminv1connect.NewCustomerServiceHandler(&customerService{Server: s}, opts))
 	mux.Handle(adminv1connect.NewAdminTokenServiceHandler(&adminTokenService{s}, opts))
 	mux.Handle(adminv1connect.NewAuditServiceHandler(&auditService{s}, opts))
+	mux.Handle(adminv1connect.NewFleetServiceHandler(&fleetService{s}, opts))
+	mux.Handle(adminv1connect.NewRolloutServiceHandler(&rolloutService{s}, opts))
 	return mux
 }
 
@@ -91,6 +95,11 @@ func (s *Server) interceptor() connect.UnaryInterceptorFunc {
 			procedure := req.Spec().Procedure
 			p, err := s.authenticate(ctx, req.Header().Get("Authorization"))
 			var resp connect.AnyResponse
+			if err == nil && p.Role < authz.RoleEditor && mutating(req.Spec()) {
+				// Viewers never mutate: refuse before the handler looks
+				// anything up, so the answer does not depend on the target.
+				err = connect.NewError(connect.CodePermissionDenied, errors.New("role viewer may not call "+procedure))
+			}
 			if err == nil {
 				ctx = authz.WithPrincipal(ctx, p)
 				var checked func() bool
@@ -123,6 +132,17 @@ func (s *Server) interceptor() connect.UnaryInterceptorFunc {
 			return resp, nil
 		}
 	}
+}
+
+// mutating reports whether an RPC changes state: every RPC not marked
+// idempotency_level = NO_SIDE_EFFECTS in the proto.
+func mutating(spec connect.Spec) bool {
+	md, ok := spec.Schema.(protoreflect.MethodDescriptor)
+	if !ok {
+		return true // unknown: treat as mutating (fail closed)
+	}
+	opts, _ := md.Options().(*descriptorpb.MethodOptions)
+	return opts.GetIdempotencyLevel() != descriptorpb.MethodOptions_NO_SIDE_EFFECTS
 }
 
 // authenticate resolves the bearer token to a principal.

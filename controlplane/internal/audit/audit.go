@@ -31,6 +31,8 @@ const (
 	ActionMemberAdded   = "member_added"
 	ActionMemberUpdated = "member_updated"
 	ActionMemberRemoved = "member_removed"
+	ActionPromoted      = "promoted"
+	ActionRolledBack    = "rolled_back"
 )
 
 // domain separates this hash from any other SHA-256 use.

@@ -194,6 +194,18 @@ func (p *Publisher) lead(ctx context.Context) error {
 			}
 		}
 	}()
+	resync := make(chan struct{}, 1)
+	rsub, err := p.nc.Subscribe(wire.ResyncSubject, func(m *nats.Msg) {
+		p.log.Info("data plane asked for a fresh snapshot", "region", string(m.Data))
+		select {
+		case resync <- struct{}{}:
+		default:
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to resync requests: %w", err)
+	}
+	defer func() { _ = rsub.Unsubscribe() }()
 	if err := p.ensureInfra(ctx); err != nil {
 		return err
 	}
@@ -247,6 +259,11 @@ func (p *Publisher) lead(ctx context.Context) error {
 		case err := <-lost:
 			return fmt.Errorf("leader connection: %w", err)
 		case <-wake:
+		case <-resync:
+			if dirtySince.IsZero() {
+				dirtySince = time.Now()
+			}
+			lastChange = time.Now().Add(-p.cfg.Debounce)
 		case <-time.After(wait):
 		}
 	}

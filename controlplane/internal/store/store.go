@@ -160,6 +160,9 @@ const (
 	EventKeyRotated        = "key.rotated"
 	EventKeyBlocked        = "key.blocked"
 	EventKeyUnblocked      = "key.unblocked"
+	// EventRegionPointer asks the publisher to rewrite a region's KV
+	// pointer (payload {"region":"<name>"}).
+	EventRegionPointer = "region.pointer"
 )
 
 // Tx is a mutation in progress. It is only valid inside Mutate's function.

@@ -1,0 +1,150 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sluicegw/sluice/controlplane/internal/store/dbsqlc"
+	"github.com/sluicegw/sluice/proto/wire"
+)
+
+// HeartbeatInterval is how often a data plane publishes its heartbeat.
+const HeartbeatInterval = 5 * time.Second
+
+// DataPlaneLostAfter is how long the fleet view waits for a heartbeat
+// before it reports an instance as lost: three missed heartbeats, so one
+// late or dropped message does not flap the view.
+const DataPlaneLostAfter = 3 * HeartbeatInterval
+
+// DataPlane is one data-plane instance as its latest heartbeat reported
+// it.
+type DataPlane struct {
+	InstanceID     string
+	Region         string
+	AppliedVersion uint64 // config version the instance runs
+	EventsSeq      uint64 // last outbox seq applied
+	RegionSeq      uint64 // last region stream sequence applied
+	// Health is "ok", "stale" or "starting" as the instance reports it.
+	Health           string
+	InFlight         int64
+	StalenessSeconds float64 // seconds since it last heard from the control plane
+	Rejected         []RejectedSnapshot
+	// LastSeen is when the control plane stored the heartbeat (store
+	// clock); DataPlaneUpsert sets it.
+	LastSeen time.Time
+}
+
+// Lost reports whether no heartbeat of d arrived for DataPlaneLostAfter
+// before now.
+func (d DataPlane) Lost(now time.Time) bool { return now.Sub(d.LastSeen) > DataPlaneLostAfter }
+
+// RejectedSnapshot is a snapshot a data plane refused to apply. It is
+// stored as JSON in data_planes.rejected:
+// [{"version":N,"reason":"...","time":"RFC3339"}].
+type RejectedSnapshot struct {
+	Version uint64    `json:"version"`
+	Reason  string    `json:"reason"`
+	Time    time.Time `json:"time"`
+}
+
+// Bounds on what one heartbeat may store: heartbeats come from the
+// network, so a broken instance must not grow a row without limit.
+const (
+	maxInstanceIDLen     = 200
+	maxHealthLen         = 32
+	maxRejectedSnapshots = 32
+	maxRejectReasonLen   = 1000
+)
+
+// ErrBadHeartbeat is wrapped by DataPlaneUpsert's errors for heartbeats it
+// refuses to store.
+var ErrBadHeartbeat = errors.New("bad heartbeat")
+
+func dataPlaneFromRow(r dbsqlc.DataPlane) (DataPlane, error) {
+	rej := []RejectedSnapshot{}
+	if len(r.Rejected) > 0 {
+		if err := json.Unmarshal(r.Rejected, &rej); err != nil {
+			return DataPlane{}, fmt.Errorf("decode rejected snapshots of data plane %s: %w", r.InstanceID, err)
+		}
+	}
+	return DataPlane{
+		InstanceID: r.InstanceID, Region: r.Region, AppliedVersion: uint64(r.AppliedVersion),
+		EventsSeq: uint64(r.EventsSeq), RegionSeq: uint64(r.RegionSeq), Health: r.Health,
+		InFlight: r.InFlight, StalenessSeconds: r.StalenessSeconds, Rejected: rej, LastSeen: r.LastSeen,
+	}, nil
+}
+
+// DataPlaneUpsert records d's heartbeat, replacing the instance's previous
+// one; d.LastSeen is ignored and set to the store clock, the clock the
+// fleet view judges "lost" by. It is telemetry, not an admin change, so
+// it is neither audited nor sent to the outbox.
+func (s *Store) DataPlaneUpsert(ctx context.Context, d DataPlane) error {
+	if err := checkHeartbeat(d); err != nil {
+		return err
+	}
+	rej := d.Rejected
+	if rej == nil {
+		rej = []RejectedSnapshot{}
+	}
+	rejJSON, err := json.Marshal(rej)
+	if err != nil {
+		return fmt.Errorf("encode rejected snapshots: %w", err)
+	}
+	err = s.q.DataPlaneUpsert(ctx, s.pool, dbsqlc.DataPlaneUpsertParams{
+		InstanceID: d.InstanceID, Region: d.Region, AppliedVersion: int64(d.AppliedVersion),
+		EventsSeq: int64(d.EventsSeq), RegionSeq: int64(d.RegionSeq), Health: d.Health,
+		InFlight: d.InFlight, StalenessSeconds: d.StalenessSeconds, Rejected: rejJSON, LastSeen: s.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("upsert data plane %s: %w", d.InstanceID, err)
+	}
+	return nil
+}
+
+func checkHeartbeat(d DataPlane) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w from %q: %s", ErrBadHeartbeat, d.InstanceID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case d.InstanceID == "" || len(d.InstanceID) > maxInstanceIDLen:
+		return bad("instance id must be 1-%d bytes", maxInstanceIDLen)
+	case !wire.ValidRegion(d.Region):
+		return bad("region %q is not a valid region name", d.Region)
+	case len(d.Health) > maxHealthLen:
+		return bad("health is longer than %d bytes", maxHealthLen)
+	case d.AppliedVersion > math.MaxInt64 || d.EventsSeq > math.MaxInt64 || d.RegionSeq > math.MaxInt64:
+		return bad("version or sequence out of range")
+	case math.IsNaN(d.StalenessSeconds) || math.IsInf(d.StalenessSeconds, 0):
+		return bad("staleness is not a finite number")
+	case len(d.Rejected) > maxRejectedSnapshots:
+		return bad("more than %d rejected snapshots", maxRejectedSnapshots)
+	}
+	for _, r := range d.Rejected {
+		if len(r.Reason) > maxRejectReasonLen {
+			return bad("a rejection reason is longer than %d bytes", maxRejectReasonLen)
+		}
+	}
+	return nil
+}
+
+// DataPlaneList returns the data planes of region ("" for every region),
+// ordered by region and instance id.
+func (s *Store) DataPlaneList(ctx context.Context, region string) ([]DataPlane, error) {
+	rows, err := s.q.DataPlaneList(ctx, s.pool, optStr(region))
+	if err != nil {
+		return nil, fmt.Errorf("list data planes: %w", err)
+	}
+	out := make([]DataPlane, 0, len(rows))
+	for _, r := range rows {
+		d, err := dataPlaneFromRow(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}

@@ -1,0 +1,345 @@
+// Package catalog is the data plane's immutable view of one configuration:
+// a snapshot plus the events applied on top of it (SPEC §6). A request
+// captures the current *Catalog once (through an atomic pointer held by
+// configsync) and reads it without locks; applying an event returns a new
+// Catalog that shares every map it did not change.
+//
+// Block state is resolved at lookup time from the maps (key → user → team
+// → org), so blocking an org is one small map update, not a rewrite of
+// every key of the org.
+package catalog
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"time"
+
+	"github.com/sluicegw/sluice/dataplane/internal/authn"
+	"github.com/sluicegw/sluice/internal/token"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+)
+
+type memberKey struct{ team, user string }
+
+// hashEntry points a token hash at a key.
+type hashEntry struct {
+	keyID         string
+	pepperVersion int32
+	validUntil    time.Time // zero for the current hash
+}
+
+// Catalog is one immutable configuration.
+type Catalog struct {
+	// Version is the snapshot version it was built from.
+	Version uint64
+	// EventsSeq is the last event (outbox seq) it includes.
+	EventsSeq uint64
+	// RegionSeq is the last region-stream position applied.
+	RegionSeq uint64
+	// CreatedAt is the snapshot's creation time.
+	CreatedAt time.Time
+
+	orgs      map[string]*configv1.Org
+	teams     map[string]*configv1.Team
+	users     map[string]*configv1.User
+	members   map[memberKey]*configv1.Member
+	customers map[string]*configv1.Customer
+	keys      map[string]*configv1.Key
+	byHash    map[string]hashEntry
+}
+
+// FromSnapshot builds a catalog. regionSeq is the region stream position
+// the snapshot corresponds to (from its pointer).
+func FromSnapshot(s *configv1.Snapshot, regionSeq uint64) (*Catalog, error) {
+	c := &Catalog{
+		Version: s.GetVersion(), EventsSeq: s.GetEventsSeq(), RegionSeq: regionSeq, CreatedAt: s.GetCreatedAt().AsTime(),
+		orgs: make(map[string]*configv1.Org, len(s.Orgs)), teams: make(map[string]*configv1.Team, len(s.Teams)),
+		users: make(map[string]*configv1.User, len(s.Users)), members: make(map[memberKey]*configv1.Member, len(s.Members)),
+		customers: make(map[string]*configv1.Customer, len(s.Customers)), keys: make(map[string]*configv1.Key, len(s.Keys)),
+		byHash: make(map[string]hashEntry, len(s.Keys)),
+	}
+	for _, o := range s.Orgs {
+		c.orgs[o.GetId()] = o
+	}
+	for _, t := range s.Teams {
+		c.teams[t.GetId()] = t
+	}
+	for _, u := range s.Users {
+		c.users[u.GetId()] = u
+	}
+	for _, m := range s.Members {
+		c.members[memberKey{m.GetTeamId(), m.GetUserId()}] = m
+	}
+	for _, cu := range s.Customers {
+		c.customers[cu.GetId()] = cu
+	}
+	for _, k := range s.Keys {
+		if len(k.GetHash()) != 32 {
+			return nil, fmt.Errorf("key %s has a %d-byte hash, want 32", k.GetId(), len(k.GetHash()))
+		}
+		if _, dup := c.byHash[string(k.GetHash())]; dup {
+			return nil, fmt.Errorf("key %s: duplicate token hash", k.GetId())
+		}
+		c.keys[k.GetId()] = k
+		indexKey(c.byHash, k)
+	}
+	return c, nil
+}
+
+func indexKey(byHash map[string]hashEntry, k *configv1.Key) {
+	for _, o := range k.GetOldHashes() {
+		byHash[string(o.GetHash())] = hashEntry{keyID: k.GetId(), pepperVersion: o.GetPepperVersion(), validUntil: o.GetValidUntil().AsTime()}
+	}
+	byHash[string(k.GetHash())] = hashEntry{keyID: k.GetId(), pepperVersion: k.GetPepperVersion()}
+}
+
+func unindexKey(byHash map[string]hashEntry, k *configv1.Key) {
+	for _, o := range k.GetOldHashes() {
+		if e, ok := byHash[string(o.GetHash())]; ok && e.keyID == k.GetId() {
+			delete(byHash, string(o.GetHash()))
+		}
+	}
+	if e, ok := byHash[string(k.GetHash())]; ok && e.keyID == k.GetId() {
+		delete(byHash, string(k.GetHash()))
+	}
+}
+
+// Counts returns the number of objects of each kind (for metrics and tests).
+func (c *Catalog) Counts() map[string]int {
+	return map[string]int{"orgs": len(c.orgs), "teams": len(c.teams), "users": len(c.users),
+		"members": len(c.members), "customers": len(c.customers), "keys": len(c.keys)}
+}
+
+// ErrUnknownChange is returned for an event this build cannot apply.
+var ErrUnknownChange = errors.New("event carries no change this build understands")
+
+// Apply returns a new catalog with ev applied at regionSeq. The receiver
+// is not modified.
+func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) {
+	n := *c
+	n.RegionSeq = regionSeq
+	if ev.GetSeq() > n.EventsSeq {
+		n.EventsSeq = ev.GetSeq()
+	}
+	switch ch := ev.GetChange().(type) {
+	case *configv1.Event_Org:
+		n.orgs = maps.Clone(c.orgs)
+		n.orgs[ch.Org.GetId()] = ch.Org
+	case *configv1.Event_OrgDeleted:
+		n.orgs = maps.Clone(c.orgs)
+		delete(n.orgs, ch.OrgDeleted)
+	case *configv1.Event_Team:
+		n.teams = maps.Clone(c.teams)
+		n.teams[ch.Team.GetId()] = ch.Team
+	case *configv1.Event_TeamDeleted:
+		n.teams = maps.Clone(c.teams)
+		delete(n.teams, ch.TeamDeleted)
+		n.members = maps.Clone(c.members)
+		for k := range n.members {
+			if k.team == ch.TeamDeleted {
+				delete(n.members, k)
+			}
+		}
+	case *configv1.Event_User:
+		n.users = maps.Clone(c.users)
+		n.users[ch.User.GetId()] = ch.User
+	case *configv1.Event_UserDeleted:
+		n.users = maps.Clone(c.users)
+		delete(n.users, ch.UserDeleted)
+		n.members = maps.Clone(c.members)
+		for k := range n.members {
+			if k.user == ch.UserDeleted {
+				delete(n.members, k)
+			}
+		}
+	case *configv1.Event_Member:
+		n.members = maps.Clone(c.members)
+		n.members[memberKey{ch.Member.GetTeamId(), ch.Member.GetUserId()}] = ch.Member
+	case *configv1.Event_MemberDeleted:
+		n.members = maps.Clone(c.members)
+		delete(n.members, memberKey{ch.MemberDeleted.GetTeamId(), ch.MemberDeleted.GetUserId()})
+	case *configv1.Event_Customer:
+		n.customers = maps.Clone(c.customers)
+		n.customers[ch.Customer.GetId()] = ch.Customer
+	case *configv1.Event_CustomerDeleted:
+		n.customers = maps.Clone(c.customers)
+		delete(n.customers, ch.CustomerDeleted)
+	case *configv1.Event_Key:
+		if len(ch.Key.GetHash()) != 32 {
+			return nil, fmt.Errorf("key %s has a %d-byte hash, want 32", ch.Key.GetId(), len(ch.Key.GetHash()))
+		}
+		n.keys = maps.Clone(c.keys)
+		n.byHash = maps.Clone(c.byHash)
+		if old := c.keys[ch.Key.GetId()]; old != nil {
+			unindexKey(n.byHash, old)
+		}
+		n.keys[ch.Key.GetId()] = ch.Key
+		indexKey(n.byHash, ch.Key)
+	case *configv1.Event_KeyDeleted:
+		if old := c.keys[ch.KeyDeleted]; old != nil {
+			n.keys = maps.Clone(c.keys)
+			n.byHash = maps.Clone(c.byHash)
+			unindexKey(n.byHash, old)
+			delete(n.keys, ch.KeyDeleted)
+		}
+	case *configv1.Event_Block:
+		if err := n.applyBlock(c, ch.Block); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("%w (event %d, kind %q)", ErrUnknownChange, ev.GetSeq(), ev.GetKind())
+	}
+	return &n, nil
+}
+
+func (n *Catalog) applyBlock(c *Catalog, b *configv1.BlockChange) error {
+	id, blocked := b.GetId(), b.GetBlocked()
+	switch b.GetObjectType() {
+	case "org":
+		if o := c.orgs[id]; o != nil {
+			n.orgs = maps.Clone(c.orgs)
+			n.orgs[id] = &configv1.Org{Id: o.Id, Limits: o.Limits, Blocked: blocked}
+		}
+	case "team":
+		if t := c.teams[id]; t != nil {
+			n.teams = maps.Clone(c.teams)
+			n.teams[id] = &configv1.Team{Id: t.Id, OrgId: t.OrgId, Limits: t.Limits, Blocked: blocked,
+				TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases}
+		}
+	case "user":
+		if u := c.users[id]; u != nil {
+			n.users = maps.Clone(c.users)
+			n.users[id] = &configv1.User{Id: u.Id, OrgId: u.OrgId, Limits: u.Limits, Blocked: blocked}
+		}
+	case "customer":
+		if cu := c.customers[id]; cu != nil {
+			n.customers = maps.Clone(c.customers)
+			n.customers[id] = &configv1.Customer{Id: cu.Id, OrgId: cu.OrgId, ExternalId: cu.ExternalId, Limits: cu.Limits, Blocked: blocked}
+		}
+	case "key":
+		if k := c.keys[id]; k != nil {
+			n.keys = maps.Clone(c.keys)
+			nk := cloneKey(k)
+			nk.Blocked = blocked
+			n.keys[id] = nk
+		}
+	default:
+		return fmt.Errorf("block of unknown object type %q", b.GetObjectType())
+	}
+	return nil
+}
+
+func cloneKey(k *configv1.Key) *configv1.Key {
+	return &configv1.Key{
+		Id: k.Id, OrgId: k.OrgId, TeamId: k.TeamId, UserId: k.UserId, Project: k.Project, Alias: k.Alias,
+		Hash: k.Hash, PepperVersion: k.PepperVersion, ExpireTime: k.ExpireTime, Tags: k.Tags,
+		TrafficClass: k.TrafficClass, ModelGroupAliases: k.ModelGroupAliases, EnforcedParams: k.EnforcedParams,
+		AllowedRoutes: k.AllowedRoutes, Limits: k.Limits, Blocked: k.Blocked, OldHashes: k.OldHashes,
+	}
+}
+
+// Principal is an authenticated key with its chain.
+type Principal struct {
+	Key  *configv1.Key
+	Org  *configv1.Org
+	Team *configv1.Team // nil for org-level keys
+	User *configv1.User // nil without an owner user
+	// Member is the owner user's membership of the key's team, if any.
+	Member *configv1.Member
+}
+
+// Authenticate finds the key of tok at time now: shape and checksum first
+// (authn.ErrMalformed, before any lookup), then the hash under every
+// pepper version (authn.ErrUnknown), expiry (authn.ErrExpired) and the
+// block state of key, user, team and org (*authn.BlockedError naming the
+// widest blocked scope). With ErrExpired and BlockedError the principal is
+// returned too, for attribution.
+func (c *Catalog) Authenticate(peppers *token.Peppers, tok string, now time.Time) (*Principal, error) {
+	if err := token.Check(token.KeyPrefix, tok); err != nil {
+		return nil, fmt.Errorf("%w: %w", authn.ErrMalformed, err)
+	}
+	for _, cand := range peppers.Candidates(tok) {
+		e, ok := c.byHash[string(cand.Hash)]
+		if !ok || int(e.pepperVersion) != cand.Version {
+			continue
+		}
+		k := c.keys[e.keyID]
+		if k == nil {
+			continue
+		}
+		stored := k.GetHash()
+		if !e.validUntil.IsZero() {
+			if !now.Before(e.validUntil) {
+				return nil, authn.ErrUnknown // rotated out, grace over
+			}
+			stored = cand.Hash // found through an old hash: the map key matched exactly
+		}
+		if !token.Equal(stored, cand.Hash) {
+			continue
+		}
+		org := c.orgs[k.GetOrgId()]
+		if org == nil {
+			return nil, authn.ErrUnknown // org deleted
+		}
+		p := &Principal{Key: k, Org: org}
+		if k.GetTeamId() != "" {
+			if p.Team = c.teams[k.GetTeamId()]; p.Team == nil {
+				return nil, authn.ErrUnknown
+			}
+		}
+		if k.GetUserId() != "" {
+			if p.User = c.users[k.GetUserId()]; p.User == nil {
+				return nil, authn.ErrUnknown
+			}
+			if k.GetTeamId() != "" {
+				p.Member = c.members[memberKey{k.GetTeamId(), k.GetUserId()}]
+			}
+		}
+		if exp := k.GetExpireTime(); exp != nil && !now.Before(exp.AsTime()) {
+			return p, authn.ErrExpired
+		}
+		switch {
+		case org.GetBlocked():
+			return p, &authn.BlockedError{Scope: authn.ScopeOrg}
+		case p.Team != nil && p.Team.GetBlocked():
+			return p, &authn.BlockedError{Scope: authn.ScopeTeam}
+		case p.User != nil && p.User.GetBlocked():
+			return p, &authn.BlockedError{Scope: authn.ScopeUser}
+		case k.GetBlocked():
+			return p, &authn.BlockedError{Scope: authn.ScopeKey}
+		}
+		return p, nil
+	}
+	return nil, authn.ErrUnknown
+}
+
+// Equal reports whether two catalogs hold the same configuration (ignoring
+// version bookkeeping); tests compare a data plane's catalog with a fresh
+// snapshot this way.
+func (c *Catalog) Equal(o *Catalog) error {
+	if err := eqMaps("org", c.orgs, o.orgs); err != nil {
+		return err
+	}
+	if err := eqMaps("team", c.teams, o.teams); err != nil {
+		return err
+	}
+	if err := eqMaps("user", c.users, o.users); err != nil {
+		return err
+	}
+	if err := eqMaps("member", c.members, o.members); err != nil {
+		return err
+	}
+	if err := eqMaps("customer", c.customers, o.customers); err != nil {
+		return err
+	}
+	return eqMaps("key", c.keys, o.keys)
+}
+
+// WithRegionSeq returns c at a later region-stream position with nothing
+// else changed (for events the snapshot already holds).
+func (c *Catalog) WithRegionSeq(regionSeq uint64) *Catalog {
+	n := *c
+	n.RegionSeq = regionSeq
+	return &n
+}

@@ -1,0 +1,441 @@
+// Package configsync keeps a data plane's catalog current (SPEC §6): it
+// watches its region's snapshot pointer in JetStream KV, loads and
+// verifies snapshots from the object store, applies the region's events in
+// order from the snapshot's stream position, detects gaps (and resyncs),
+// tracks staleness and publishes heartbeats.
+//
+// One goroutine at a time changes the catalog (under writeMu); requests
+// read it through an atomic pointer without locks.
+package configsync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	"github.com/sluicegw/sluice/proto/wire"
+)
+
+// Defaults.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	catchUpTimeout           = 5 * time.Second
+	maxRejected              = 10
+)
+
+// Config configures a Syncer.
+type Config struct {
+	Region     string
+	InstanceID string
+	// MaxStaleness is how long without contact from the control plane
+	// before Stale reports true.
+	MaxStaleness time.Duration
+	// HeartbeatInterval is the heartbeat period (DefaultHeartbeatInterval
+	// if 0).
+	HeartbeatInterval time.Duration
+	// InFlight reports requests in flight, for heartbeats (nil: 0).
+	InFlight func() int64
+	Logger   *slog.Logger
+}
+
+// Stats are counters for metrics.
+type Stats struct {
+	SnapshotsApplied  int64
+	SnapshotsRejected int64
+	EventsApplied     int64
+	EventsSkipped     int64 // already in the snapshot, or duplicates
+	Resyncs           int64
+}
+
+// Syncer keeps the catalog current.
+type Syncer struct {
+	cfg Config
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	log *slog.Logger
+
+	cat         atomic.Pointer[catalog.Catalog]
+	lastContact atomic.Int64 // unix nanos
+	started     time.Time
+
+	writeMu sync.Mutex
+	gen     uint64
+
+	mu       sync.Mutex
+	rejected []*configv1.RejectedSnapshot
+
+	snapshotsApplied, snapshotsRejected, eventsApplied, eventsSkipped, resyncs atomic.Int64
+}
+
+// New returns a Syncer over nc.
+func New(cfg Config, nc *nats.Conn) (*Syncer, error) {
+	if !wire.ValidRegion(cfg.Region) {
+		return nil, fmt.Errorf("invalid region %q", cfg.Region)
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	s := &Syncer{cfg: cfg, nc: nc, js: js, log: cfg.Logger, started: time.Now()}
+	s.lastContact.Store(time.Now().UnixNano())
+	return s, nil
+}
+
+// Catalog returns the current catalog, or nil before the first snapshot.
+func (s *Syncer) Catalog() *catalog.Catalog { return s.cat.Load() }
+
+// Ready reports whether a snapshot has been applied.
+func (s *Syncer) Ready() bool { return s.cat.Load() != nil }
+
+// Staleness is the time since the last contact with the control plane
+// (a tick, a pointer update or an event).
+func (s *Syncer) Staleness() time.Duration {
+	return time.Since(time.Unix(0, s.lastContact.Load()))
+}
+
+// Stale reports whether Staleness exceeds MaxStaleness.
+func (s *Syncer) Stale() bool { return s.cfg.MaxStaleness > 0 && s.Staleness() > s.cfg.MaxStaleness }
+
+// Stats returns the counters.
+func (s *Syncer) Stats() Stats {
+	return Stats{SnapshotsApplied: s.snapshotsApplied.Load(), SnapshotsRejected: s.snapshotsRejected.Load(),
+		EventsApplied: s.eventsApplied.Load(), EventsSkipped: s.eventsSkipped.Load(), Resyncs: s.resyncs.Load()}
+}
+
+// Rejected returns the most recent rejected snapshots.
+func (s *Syncer) Rejected() []*configv1.RejectedSnapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*configv1.RejectedSnapshot(nil), s.rejected...)
+}
+
+func (s *Syncer) touch() { s.lastContact.Store(time.Now().UnixNano()) }
+
+func (s *Syncer) reject(version uint64, reason string) {
+	s.snapshotsRejected.Add(1)
+	s.log.Error("snapshot rejected; keeping the last good one", "version", version, "reason", reason)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rejected = append(s.rejected, &configv1.RejectedSnapshot{Version: version, Reason: reason, At: timestamppb.Now()})
+	if len(s.rejected) > maxRejected {
+		s.rejected = s.rejected[len(s.rejected)-maxRejected:]
+	}
+}
+
+// Run syncs until ctx is done.
+func (s *Syncer) Run(ctx context.Context) error {
+	sub, err := s.nc.Subscribe(wire.TickSubject, func(*nats.Msg) { s.touch() })
+	if err != nil {
+		return fmt.Errorf("subscribe to ticks: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); s.heartbeatLoop(ctx) }()
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := s.syncOnce(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		s.resyncs.Add(1)
+		s.log.Warn("config sync restarting", "error", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+		if err == nil || errors.Is(err, errGap) {
+			backoff = 100 * time.Millisecond
+		}
+	}
+	wg.Wait()
+	return nil
+}
+
+var errGap = errors.New("gap in the region's event stream")
+
+// syncOnce watches the region pointer and follows the event stream until
+// something needs a fresh start.
+func (s *Syncer) syncOnce(ctx context.Context) error {
+	kv, err := s.js.KeyValue(ctx, wire.PointerBucket)
+	if err != nil {
+		return fmt.Errorf("pointer bucket: %w", err)
+	}
+	w, err := kv.Watch(ctx, wire.PointerKey(s.cfg.Region))
+	if err != nil {
+		return fmt.Errorf("watch pointer: %w", err)
+	}
+	defer func() { _ = w.Stop() }()
+	restart := make(chan error, 1)
+	consumerStarted := false
+	var stopConsumer context.CancelFunc = func() {}
+	defer func() { stopConsumer() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-restart:
+			return err
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("pointer watch closed")
+			}
+			if e == nil {
+				continue // initial values delivered
+			}
+			s.touch()
+			if e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			ptr := &configv1.SnapshotPointer{}
+			if err := proto.Unmarshal(e.Value(), ptr); err != nil {
+				s.reject(0, "pointer does not decode: "+err.Error())
+				continue
+			}
+			loaded, err := s.load(ctx, ptr)
+			if err != nil {
+				return err
+			}
+			if !s.Ready() || (!loaded && consumerStarted) {
+				continue
+			}
+			consumerStarted = true
+			stopConsumer()
+			cctx, cancel := context.WithCancel(ctx)
+			stopConsumer = cancel
+			s.writeMu.Lock()
+			gen := s.gen
+			start := s.cat.Load().RegionSeq + 1
+			s.writeMu.Unlock()
+			go func() {
+				if err := s.consume(cctx, gen, start); err != nil && cctx.Err() == nil {
+					select {
+					case restart <- err:
+					default:
+					}
+				}
+			}()
+		}
+	}
+}
+
+// load fetches, verifies and applies the snapshot ptr names. It returns
+// false (and records why) when the snapshot is not applied.
+func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool, error) {
+	cur := s.cat.Load()
+	if cur != nil {
+		if ptr.GetVersion() == cur.Version && !ptr.GetRollback() {
+			return false, nil
+		}
+		if ptr.GetVersion() < cur.Version && !ptr.GetRollback() {
+			s.reject(ptr.GetVersion(), fmt.Sprintf("version %d is lower than the running %d and not a rollback", ptr.GetVersion(), cur.Version))
+			return false, nil
+		}
+	}
+	obs, err := s.js.ObjectStore(ctx, wire.SnapshotBucket)
+	if err != nil {
+		return false, fmt.Errorf("snapshot bucket: %w", err)
+	}
+	start := time.Now()
+	body, err := obs.GetBytes(ctx, ptr.GetObject())
+	if err != nil {
+		if errors.Is(err, jetstream.ErrObjectNotFound) {
+			s.reject(ptr.GetVersion(), "snapshot object "+ptr.GetObject()+" not found")
+			return false, nil
+		}
+		return false, fmt.Errorf("fetch snapshot %d: %w", ptr.GetVersion(), err)
+	}
+	snap, err := wire.DecodeSnapshot(body, ptr)
+	if err != nil {
+		s.reject(ptr.GetVersion(), err.Error())
+		return false, nil
+	}
+	next, err := catalog.FromSnapshot(snap, ptr.GetRegionSeq())
+	if err != nil {
+		s.reject(ptr.GetVersion(), "invalid snapshot: "+err.Error())
+		return false, nil
+	}
+	// Catch up to where the running catalog is before swapping, so that a
+	// block applied from the stream is never lifted by an older snapshot,
+	// even for a moment.
+	if cur != nil && cur.RegionSeq > next.RegionSeq {
+		if next, err = s.catchUp(ctx, next, cur.RegionSeq); err != nil {
+			return false, err
+		}
+	}
+	s.writeMu.Lock()
+	s.gen++
+	s.cat.Store(next)
+	s.writeMu.Unlock()
+	s.snapshotsApplied.Add(1)
+	s.log.Info("snapshot applied", "version", next.Version, "events_seq", next.EventsSeq, "region_seq", next.RegionSeq,
+		"rollback", ptr.GetRollback(), "size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
+	return true, nil
+}
+
+// catchUp applies the region's events after c up to regionSeq.
+func (s *Syncer) catchUp(ctx context.Context, c *catalog.Catalog, regionSeq uint64) (*catalog.Catalog, error) {
+	ctx, cancel := context.WithTimeout(ctx, catchUpTimeout)
+	defer cancel()
+	cons, err := s.js.OrderedConsumer(ctx, wire.EventStream(s.cfg.Region), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventSubject(s.cfg.Region)},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: c.RegionSeq + 1,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("catch-up consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("catch-up consumer: %w", err)
+	}
+	defer it.Stop()
+	go func() { <-ctx.Done(); it.Stop() }()
+	for c.RegionSeq < regionSeq {
+		msg, err := it.Next()
+		if err != nil {
+			return nil, fmt.Errorf("catch up to region_seq %d: %w", regionSeq, err)
+		}
+		re := &configv1.RegionEvent{}
+		if err := proto.Unmarshal(msg.Data(), re); err != nil {
+			return nil, fmt.Errorf("undecodable region event: %w", err)
+		}
+		if c, err = s.step(c, re); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// step applies one region event to c (pure: c is not changed).
+func (s *Syncer) step(c *catalog.Catalog, re *configv1.RegionEvent) (*catalog.Catalog, error) {
+	switch {
+	case re.GetRegionSeq() <= c.RegionSeq:
+		s.eventsSkipped.Add(1)
+		return c, nil // duplicate delivery
+	case re.GetRegionSeq() > c.RegionSeq+1:
+		return nil, fmt.Errorf("%w: expected region_seq %d, got %d", errGap, c.RegionSeq+1, re.GetRegionSeq())
+	}
+	if re.GetEvent().GetSeq() <= c.EventsSeq {
+		s.eventsSkipped.Add(1)
+		return c.WithRegionSeq(re.GetRegionSeq()), nil // the snapshot holds it already
+	}
+	n, err := c.Apply(re.GetEvent(), re.GetRegionSeq())
+	if err != nil {
+		return nil, fmt.Errorf("apply event %d: %w", re.GetEvent().GetSeq(), err)
+	}
+	s.eventsApplied.Add(1)
+	return n, nil
+}
+
+// consume applies the region's events from start on, for generation gen.
+func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
+	cons, err := s.js.OrderedConsumer(ctx, wire.EventStream(s.cfg.Region), jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{wire.EventSubject(s.cfg.Region)},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy, OptStartSeq: start,
+	})
+	if err != nil {
+		return fmt.Errorf("event consumer: %w", err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("event consumer: %w", err)
+	}
+	defer it.Stop()
+	go func() { <-ctx.Done(); it.Stop() }()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("next event: %w", err)
+		}
+		s.touch()
+		re := &configv1.RegionEvent{}
+		if err := proto.Unmarshal(msg.Data(), re); err != nil {
+			return fmt.Errorf("undecodable region event at stream seq %d: %w", streamSeq(msg), err)
+		}
+		s.writeMu.Lock()
+		if gen != s.gen {
+			s.writeMu.Unlock()
+			return nil // a newer snapshot took over
+		}
+		n, err := s.step(s.cat.Load(), re)
+		if err == nil {
+			s.cat.Store(n)
+		}
+		s.writeMu.Unlock()
+		if err != nil {
+			s.log.Warn("resync needed", "error", err)
+			if errors.Is(err, errGap) {
+				s.requestSnapshot()
+			}
+			return err
+		}
+	}
+}
+
+// requestSnapshot asks the control plane for a fresh snapshot of the
+// region: one compiled now covers whatever the stream lost.
+func (s *Syncer) requestSnapshot() {
+	_ = s.nc.Publish(wire.ResyncSubject, []byte(s.cfg.Region))
+}
+
+func streamSeq(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
+}
+
+func (s *Syncer) health() string {
+	switch {
+	case !s.Ready():
+		return "starting"
+	case s.Stale():
+		return "stale"
+	}
+	return "ok"
+}
+
+func (s *Syncer) heartbeatLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		hb := &configv1.Heartbeat{InstanceId: s.cfg.InstanceID, Region: s.cfg.Region, Health: s.health(),
+			At: timestamppb.Now(), StalenessSeconds: s.Staleness().Seconds(), Rejected: s.Rejected()}
+		if c := s.cat.Load(); c != nil {
+			hb.AppliedVersion, hb.EventsSeq, hb.RegionSeq = c.Version, c.EventsSeq, c.RegionSeq
+		}
+		if s.cfg.InFlight != nil {
+			hb.InFlight = s.cfg.InFlight()
+		}
+		if data, err := proto.Marshal(hb); err == nil {
+			_ = s.nc.Publish(wire.HeartbeatSubject(s.cfg.Region, s.cfg.InstanceID), data)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
