@@ -40,12 +40,13 @@ func TestNewRefusesOutOfDateSchema(t *testing.T) {
 	t.Parallel()
 	url := emptyDatabase(t)
 	ctx := context.Background()
-	_, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper})
+	nats := testsvc.StartNATS(t)
+	_, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, NATSURL: nats.URL})
 	require.Error(t, err)
 	require.True(t, errors.Is(err, migrations.ErrOutOfDate), err)
 	require.Contains(t, err.Error(), "--migrate")
 
-	cp, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, Migrate: true,
+	cp, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, Migrate: true, NATSURL: nats.URL,
 		BootstrapToken: strings.Repeat("b", 40)})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(ctx)
@@ -96,7 +97,7 @@ func TestConfigValidateReportsEverything(t *testing.T) {
 	c := Config{DatabaseURL: "", AdminAddr: "nonsense", BootstrapToken: "short", KeyPepper: "1:short", ShutdownTimeout: -1}
 	err := c.Validate()
 	require.Error(t, err)
-	for _, want := range []string{"database URL is required", "admin address", "bootstrap admin token", "key pepper", "shutdown timeout"} {
+	for _, want := range []string{"database URL is required", "admin address", "NATS URL is required", "bootstrap admin token", "key pepper", "shutdown timeout"} {
 		require.Contains(t, err.Error(), want)
 	}
 }

@@ -28,6 +28,7 @@ const usage = `usage: sluice <command> [flags]
 
 commands:
   control   run the control plane (admin API on --addr)
+  proxy     run a data-plane proxy for one region
   migrate   apply database migrations and exit
   dev       run the whole system locally: migrates, seeds a demo org and prints how to call it
 
@@ -42,6 +43,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch args[0] {
 	case "control":
 		return runControl(ctx, args[1:], getenv, stderr)
+	case "proxy":
+		return runProxy(ctx, args[1:], getenv, stderr)
 	case "migrate":
 		return runMigrate(ctx, args[1:], getenv, stdout, stderr)
 	case "dev":

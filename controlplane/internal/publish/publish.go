@@ -179,10 +179,13 @@ func (p *Publisher) lead(ctx context.Context) error {
 	p.log.Info("publisher is leader", "instance", p.cfg.InstanceID)
 
 	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	wake := make(chan struct{}, 1)
 	lost := make(chan error, 1)
+	listenDone := make(chan struct{})
+	// Stop the listener before the deferred conn.Close runs.
+	defer func() { cancel(); <-listenDone }()
 	go func() {
+		defer close(listenDone)
 		for {
 			if _, err := conn.WaitForNotification(lctx); err != nil {
 				lost <- err

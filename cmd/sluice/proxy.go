@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sluicegw/sluice/dataplane"
+)
+
+func runProxy(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sluice proxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", envOr(getenv, "SLUICE_PROXY_ADDR", dataplane.DefaultAddr), "HTTP listen address (SLUICE_PROXY_ADDR)")
+	region := fs.String("region", envOr(getenv, "SLUICE_REGION", dataplane.DefaultRegion), "region whose configuration to run (SLUICE_REGION)")
+	natsURL := fs.String("nats-url", envOr(getenv, "SLUICE_NATS_URL", dataplane.DefaultNATSURL), "NATS server (SLUICE_NATS_URL)")
+	instance := fs.String("instance-id", envOr(getenv, "SLUICE_INSTANCE_ID", ""), "instance name in heartbeats (default: host, pid and a random suffix)")
+	defStale, err := durationEnv(getenv, "SLUICE_MAX_STALENESS", dataplane.DefaultMaxStaleness)
+	if err != nil {
+		return err
+	}
+	maxStale := fs.Duration("max-staleness", defStale, "serve at most this long without contact with the control plane (SLUICE_MAX_STALENESS)")
+	policy := fs.String("stale-policy", envOr(getenv, "SLUICE_STALE_POLICY", dataplane.StalePolicyReject), "past max staleness: reject (503 stale_config) or serve (SLUICE_STALE_POLICY)")
+	level, format := logFlags(fs, getenv, "json")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	log, err := newLogger(stderr, *level, *format)
+	if err != nil {
+		return err
+	}
+	pepper, err := secret(getenv, "SLUICE_KEY_PEPPER")
+	if err != nil {
+		return err
+	}
+	dp, err := dataplane.New(ctx, dataplane.Config{
+		Region: *region, InstanceID: *instance, NATSURL: *natsURL, Addr: *addr, MaxStaleness: *maxStale,
+		StalePolicy: *policy, KeyPepper: pepper, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	return dp.Run(ctx)
+}
+
+// durationEnv parses $name as a duration, or returns def when unset.
+func durationEnv(getenv func(string) string, name string, def time.Duration) (time.Duration, error) {
+	v := getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%s=%q: want a duration such as 60s", name, v)
+	}
+	return d, nil
+}
