@@ -90,14 +90,14 @@ func (c *Config) Validate() error {
 
 // DataPlane is one proxy instance.
 type DataPlane struct {
-	cfg      Config
-	log      *slog.Logger
-	nc       *nats.Conn
-	sync     *configsync.Syncer
-	peppers  *token.Peppers
-	ln       net.Listener
-	srv      *http.Server
-	inFlight atomic.Int64
+	cfg                                             Config
+	log                                             *slog.Logger
+	nc                                              *nats.Conn
+	sync                                            *configsync.Syncer
+	peppers                                         *token.Peppers
+	ln                                              net.Listener
+	srv                                             *http.Server
+	inFlight                                        atomic.Int64
 	authOK, authDenied, authRejected, staleRejected atomic.Int64
 }
 

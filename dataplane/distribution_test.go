@@ -29,7 +29,7 @@ func TestKeyLifecycleReachesDataPlanes(t *testing.T) {
 
 	// Block at each level: the typed code names the scope.
 	for _, lvl := range []struct {
-		code          string
+		code           string
 		block, unblock func() error
 	}{
 		{"key_blocked", func() error {
