@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,10 +18,13 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/controlplane"
+	"github.com/sluicegw/sluice/dataplane"
+	"github.com/sluicegw/sluice/e2e/vllmsim"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
 )
@@ -31,6 +35,9 @@ const devDatabase = "sluice_dev"
 // devState is written to --state-file for scripts and tests.
 type devState struct {
 	AdminURL   string            `json:"admin_url"`
+	ProxyURL   string            `json:"proxy_url"`
+	NATSURL    string            `json:"nats_url"`
+	Engines    map[string]string `json:"engines"`
 	AdminToken string            `json:"admin_token"`
 	OrgID      string            `json:"org_id"`
 	TeamID     string            `json:"team_id"`
@@ -49,6 +56,8 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	addr := fs.String("addr", envOr(getenv, "SLUICE_ADMIN_ADDR", controlplane.DefaultAdminAddr), "admin API listen address")
 	dbURL := fs.String("database-url", envOr(getenv, "SLUICE_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/"+devDatabase+"?sslmode=disable"), "Postgres URL; the database is created if missing")
 	stateFile := fs.String("state-file", ".sluice/dev.json", "where to write URLs and tokens as JSON")
+	proxyAddr := fs.String("proxy-addr", dataplane.DefaultAddr, "data-plane proxy listen address")
+	natsPort := fs.Int("nats-port", 4223, "port of the embedded NATS server (JetStream data under .sluice/nats)")
 	level, format := logFlags(fs, getenv, "text")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -64,20 +73,50 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	ns, err := startDevNATS(filepath.Join(filepath.Dir(*stateFile), "nats"), *natsPort)
+	if err != nil {
+		return err
+	}
+	defer ns.Shutdown()
+	natsURL := ns.ClientURL()
 	cp, err := controlplane.New(ctx, controlplane.Config{
-		DatabaseURL: *dbURL, AdminAddr: *addr, BootstrapToken: sec.AdminToken, KeyPepper: sec.KeyPepper,
-		Migrate: true, Logger: log,
+		DatabaseURL: *dbURL, AdminAddr: *addr, NATSURL: natsURL, InstanceID: "dev-control",
+		BootstrapToken: sec.AdminToken, KeyPepper: sec.KeyPepper, Migrate: true, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 1)
+	errc := make(chan error, 3)
 	go func() { errc <- cp.Run(ctx) }()
+	dp, err := dataplane.New(ctx, dataplane.Config{
+		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
+		KeyPepper: sec.KeyPepper, Logger: log,
+	})
+	if err != nil {
+		cancel()
+		<-errc
+		return err
+	}
+	go func() { errc <- dp.Run(ctx) }()
+	engines, err := startDevEngines(log)
+	if err != nil {
+		cancel()
+		return err
+	}
+	defer func() {
+		for _, e := range engines {
+			_ = e.Close()
+		}
+	}()
 
 	adminURL := "http://" + cp.Addr()
 	st, err := seedDemo(ctx, adminURL, sec.AdminToken)
+	st.ProxyURL, st.NATSURL, st.Engines = "http://"+dp.Addr(), natsURL, map[string]string{}
+	for name, e := range engines {
+		st.Engines[name] = e.URL()
+	}
 	if err != nil {
 		cancel()
 		<-errc
@@ -92,6 +131,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 Sluice dev is running.
 
   admin API    %s   (Connect RPC; JSON over HTTP/1.1 or h2c)
+  proxy        %s   (data plane, region "default"; key check: GET /v1/auth/check)
+  engines      interactive=%s  agents=%s   (vllm-sim)
+  nats         %s   (embedded, JetStream)
   admin token  %s   (platform admin; from SLUICE_ADMIN_TOKEN or .sluice/dev-secrets.json)
   demo org     %s
   keys         human=%s
@@ -104,10 +146,13 @@ Try it:
   go run ./cmd/sluicectl login --server %s --token %s
   go run ./cmd/sluicectl key list
 
-The OpenAI-compatible proxy is not part of this build yet; keys are ready for it.
+  curl -s -H 'Authorization: Bearer %s' %s/v1/auth/check
+
+The proxy authenticates keys from the distributed configuration; the
+OpenAI endpoints that route to the engines come with the proxy issue.
 Press Ctrl-C to stop.
-`, adminURL, st.AdminToken, st.OrgID, st.Keys["human"], st.Keys["agent"], *stateFile,
-		st.AdminToken, adminURL, adminURL, st.AdminToken)
+`, adminURL, st.ProxyURL, st.Engines["interactive"], st.Engines["agents"], natsURL, st.AdminToken, st.OrgID, st.Keys["human"], st.Keys["agent"], *stateFile,
+		st.AdminToken, adminURL, adminURL, st.AdminToken, st.Keys["human"], st.ProxyURL)
 	return <-errc
 }
 
@@ -319,4 +364,41 @@ func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error
 		st.Keys[k.alias] = r.Msg.Token
 	}
 	return st, nil
+}
+
+// startDevNATS runs an embedded NATS server with JetStream on loopback.
+func startDevNATS(dir string, port int) (*server.Server, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir,
+		NoLog: true, NoSigs: true, SyncAlways: true})
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded nats did not start on port %d (in use? pass --nats-port)", port)
+	}
+	return ns, nil
+}
+
+// startDevEngines runs two simulated vLLM pools: one for interactive
+// traffic and one for agents.
+func startDevEngines(log *slog.Logger) (map[string]*vllmsim.Server, error) {
+	out := map[string]*vllmsim.Server{}
+	for _, name := range []string{"interactive", "agents"} {
+		cfg := vllmsim.DefaultConfig()
+		cfg.Addr = "127.0.0.1:0"
+		s, err := vllmsim.Start(cfg, log.With("engine", name))
+		if err != nil {
+			for _, e := range out {
+				_ = e.Close()
+			}
+			return nil, fmt.Errorf("start %s engine: %w", name, err)
+		}
+		out[name] = s
+	}
+	return out, nil
 }
