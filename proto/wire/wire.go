@@ -39,6 +39,11 @@ const (
 	// ResyncSubject is where a data plane that found a gap in its region's
 	// stream asks for a fresh snapshot (core NATS; body: the region).
 	ResyncSubject = "sluice.control.resync"
+	// UsageStream is the JetStream stream of usage events (SPEC §9.2);
+	// messages carry the request id as dedupe id.
+	UsageStream = "SLUICE_USAGE"
+	// UsageSubjectAll matches every region's usage subject.
+	UsageSubjectAll = "sluice.usage.>"
 	// HeartbeatSubjectAll subscribes to every heartbeat.
 	HeartbeatSubjectAll = "sluice.fleet.heartbeat.>"
 )
@@ -53,6 +58,9 @@ func EventStream(region string) string { return "SLUICE_EVENTS_" + region }
 
 // EventSubject is the subject of region's events.
 func EventSubject(region string) string { return "sluice.events." + region }
+
+// UsageSubject is where region's data planes publish usage events.
+func UsageSubject(region string) string { return "sluice.usage." + region }
 
 // PointerKey is the KV key of region's snapshot pointer.
 func PointerKey(region string) string { return "region." + region }

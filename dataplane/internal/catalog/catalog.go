@@ -13,7 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/dataplane/internal/authn"
 	"github.com/sluicegw/sluice/internal/token"
@@ -47,12 +51,51 @@ type Catalog struct {
 	customers map[string]*configv1.Customer
 	keys      map[string]*configv1.Key
 	byHash    map[string]hashEntry
+
+	groups      map[string]*configv1.ModelGroup
+	deployments map[string]*Deployment
+	open        OpenFunc
+}
+
+// OpenFunc decrypts a deployment credential sealed by the control plane's
+// key ring.
+type OpenFunc func(ciphertext []byte) ([]byte, error)
+
+// Deployment is an upstream engine with its credential decrypted.
+type Deployment struct {
+	*configv1.Deployment
+	// Credential is the decrypted upstream credential ("" for none).
+	Credential string
+	// CredentialErr is set when the credential could not be decrypted:
+	// the deployment must not be used (and this must be reported).
+	CredentialErr error
+}
+
+func newDeployment(d *configv1.Deployment, open OpenFunc) *Deployment {
+	out := &Deployment{Deployment: d}
+	if len(d.GetCredentialCiphertext()) == 0 {
+		return out
+	}
+	if open == nil {
+		out.CredentialErr = errors.New("no key ring configured (SLUICE_KEK) to decrypt the credential")
+		return out
+	}
+	pt, err := open(d.GetCredentialCiphertext())
+	if err != nil {
+		out.CredentialErr = fmt.Errorf("decrypt credential of deployment %s: %w", d.GetId(), err)
+		return out
+	}
+	out.Credential = string(pt)
+	return out
 }
 
 // FromSnapshot builds a catalog. regionSeq is the region stream position
-// the snapshot corresponds to (from its pointer).
-func FromSnapshot(s *configv1.Snapshot, regionSeq uint64) (*Catalog, error) {
+// the snapshot corresponds to (from its pointer); open decrypts deployment
+// credentials (nil: deployments with a credential are unavailable).
+func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catalog, error) {
 	c := &Catalog{
+		open: open, groups: make(map[string]*configv1.ModelGroup, len(s.ModelGroups)),
+		deployments: make(map[string]*Deployment, len(s.Deployments)),
 		Version: s.GetVersion(), EventsSeq: s.GetEventsSeq(), RegionSeq: regionSeq, CreatedAt: s.GetCreatedAt().AsTime(),
 		orgs: make(map[string]*configv1.Org, len(s.Orgs)), teams: make(map[string]*configv1.Team, len(s.Teams)),
 		users: make(map[string]*configv1.User, len(s.Users)), members: make(map[memberKey]*configv1.Member, len(s.Members)),
@@ -73,6 +116,12 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64) (*Catalog, error) {
 	}
 	for _, cu := range s.Customers {
 		c.customers[cu.GetId()] = cu
+	}
+	for _, g := range s.ModelGroups {
+		c.groups[g.GetName()] = g
+	}
+	for _, d := range s.Deployments {
+		c.deployments[d.GetId()] = newDeployment(d, open)
 	}
 	for _, k := range s.Keys {
 		if len(k.GetHash()) != 32 {
@@ -108,7 +157,8 @@ func unindexKey(byHash map[string]hashEntry, k *configv1.Key) {
 // Counts returns the number of objects of each kind (for metrics and tests).
 func (c *Catalog) Counts() map[string]int {
 	return map[string]int{"orgs": len(c.orgs), "teams": len(c.teams), "users": len(c.users),
-		"members": len(c.members), "customers": len(c.customers), "keys": len(c.keys)}
+		"members": len(c.members), "customers": len(c.customers), "keys": len(c.keys),
+		"model_groups": len(c.groups), "deployments": len(c.deployments)}
 }
 
 // ErrUnknownChange is returned for an event this build cannot apply.
@@ -187,6 +237,18 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 		if err := n.applyBlock(c, ch.Block); err != nil {
 			return nil, err
 		}
+	case *configv1.Event_ModelGroup:
+		n.groups = maps.Clone(c.groups)
+		n.groups[ch.ModelGroup.GetName()] = ch.ModelGroup
+	case *configv1.Event_ModelGroupDeleted:
+		n.groups = maps.Clone(c.groups)
+		delete(n.groups, ch.ModelGroupDeleted)
+	case *configv1.Event_Deployment:
+		n.deployments = maps.Clone(c.deployments)
+		n.deployments[ch.Deployment.GetId()] = newDeployment(ch.Deployment, c.open)
+	case *configv1.Event_DeploymentDeleted:
+		n.deployments = maps.Clone(c.deployments)
+		delete(n.deployments, ch.DeploymentDeleted)
 	default:
 		return nil, fmt.Errorf("%w (event %d, kind %q)", ErrUnknownChange, ev.GetSeq(), ev.GetKind())
 	}
@@ -333,7 +395,56 @@ func (c *Catalog) Equal(o *Catalog) error {
 	if err := eqMaps("customer", c.customers, o.customers); err != nil {
 		return err
 	}
+	if err := eqMaps("model group", c.groups, o.groups); err != nil {
+		return err
+	}
+	if len(c.deployments) != len(o.deployments) {
+		return fmt.Errorf("%d deployments, want %d", len(c.deployments), len(o.deployments))
+	}
+	for id, d := range c.deployments {
+		od, ok := o.deployments[id]
+		if !ok || !proto.Equal(d.Deployment, od.Deployment) {
+			return fmt.Errorf("deployment %s differs", id)
+		}
+	}
 	return eqMaps("key", c.keys, o.keys)
+}
+
+// HasModelGroup reports whether the model group exists.
+func (c *Catalog) HasModelGroup(name string) bool { return c.groups[name] != nil }
+
+// ModelGroups returns the model group names, sorted.
+func (c *Catalog) ModelGroups() []string {
+	out := make([]string, 0, len(c.groups))
+	for n := range c.groups {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Deployments returns the deployments of a model group, sorted by id
+// (including those whose credential failed to decrypt: callers must skip
+// and report them).
+func (c *Catalog) Deployments(group string) []*Deployment {
+	var out []*Deployment
+	for _, d := range c.deployments {
+		if d.GetModelGroup() == group {
+			out = append(out, d)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Deployment) int { return strings.Compare(a.GetId(), b.GetId()) })
+	return out
+}
+
+// AllDeployments returns every deployment, sorted by id.
+func (c *Catalog) AllDeployments() []*Deployment {
+	out := make([]*Deployment, 0, len(c.deployments))
+	for _, d := range c.deployments {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b *Deployment) int { return strings.Compare(a.GetId(), b.GetId()) })
+	return out
 }
 
 // WithRegionSeq returns c at a later region-stream position with nothing

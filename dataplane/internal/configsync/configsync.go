@@ -44,6 +44,9 @@ type Config struct {
 	// HeartbeatInterval is the heartbeat period (DefaultHeartbeatInterval
 	// if 0).
 	HeartbeatInterval time.Duration
+	// Open decrypts deployment credentials (nil: deployments with a
+	// credential are unavailable).
+	Open catalog.OpenFunc
 	// InFlight reports requests in flight, for heartbeats (nil: 0).
 	InFlight func() int64
 	Logger   *slog.Logger
@@ -268,7 +271,7 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 		s.reject(ptr.GetVersion(), err.Error())
 		return false, nil
 	}
-	next, err := catalog.FromSnapshot(snap, ptr.GetRegionSeq())
+	next, err := catalog.FromSnapshot(snap, ptr.GetRegionSeq(), s.cfg.Open)
 	if err != nil {
 		s.reject(ptr.GetVersion(), "invalid snapshot: "+err.Error())
 		return false, nil

@@ -6,6 +6,8 @@ package dbsqlc
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type AdminToken struct {
@@ -89,6 +91,24 @@ type DataPlane struct {
 	LastSeen         time.Time
 }
 
+type Deployment struct {
+	ID                   string
+	ModelGroup           string
+	ApiBase              string
+	UpstreamModel        string
+	CredentialCiphertext []byte
+	Weight               int32
+	MaxConcurrency       int64
+	Capabilities         []byte
+	Tags                 []string
+	InputPrice           float64
+	OutputPrice          float64
+	CachedInputPrice     float64
+	Free                 bool
+	CreatedAt            time.Time
+	UpdatedAt            time.Time
+}
+
 type Key struct {
 	ID                string
 	OrgID             string
@@ -123,6 +143,13 @@ type KeyOldHash struct {
 	CreatedAt     time.Time
 }
 
+type ModelGroup struct {
+	Name        string
+	Description string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
 type Org struct {
 	ID        string
 	Name      string
@@ -152,6 +179,49 @@ type Region struct {
 	Rollback       bool
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+}
+
+type SpendDaily struct {
+	Day              pgtype.Date
+	Scope            string
+	ScopeID          string
+	OrgID            string
+	Requests         int64
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64
+	CostUsd          float64
+}
+
+type SpendLog struct {
+	RequestID        string
+	At               time.Time
+	Region           string
+	InstanceID       string
+	OrgID            string
+	TeamID           string
+	UserID           string
+	KeyID            string
+	Project          string
+	Customer         string
+	AgentID          string
+	SessionID        string
+	Tags             []string
+	TrafficClass     string
+	Route            string
+	RequestedModel   string
+	ModelGroup       string
+	DeploymentID     string
+	Stream           bool
+	PromptTokens     int64
+	CompletionTokens int64
+	CachedTokens     int64
+	CostUsd          float64
+	Status           int32
+	ErrorCode        string
+	LatencyMs        int64
+	TtftMs           int64
+	Attempts         int32
 }
 
 type Team struct {

@@ -805,13 +805,15 @@ type Snapshot struct {
 	Version   uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Sequence number (outbox seq) of the last event this snapshot includes.
-	EventsSeq     uint64      `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
-	Orgs          []*Org      `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
-	Teams         []*Team     `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
-	Users         []*User     `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
-	Members       []*Member   `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
-	Customers     []*Customer `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
-	Keys          []*Key      `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
+	EventsSeq     uint64        `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
+	Orgs          []*Org        `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
+	Teams         []*Team       `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
+	Users         []*User       `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
+	Members       []*Member     `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
+	Customers     []*Customer   `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
+	Keys          []*Key        `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
+	ModelGroups   []*ModelGroup `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
+	Deployments   []*Deployment `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"` // Field numbers 22–39 are reserved for routes and policies.
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -916,6 +918,328 @@ func (x *Snapshot) GetKeys() []*Key {
 	return nil
 }
 
+func (x *Snapshot) GetModelGroups() []*ModelGroup {
+	if x != nil {
+		return x.ModelGroups
+	}
+	return nil
+}
+
+func (x *Snapshot) GetDeployments() []*Deployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+type ModelGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroup) Reset() {
+	*x = ModelGroup{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroup) ProtoMessage() {}
+
+func (x *ModelGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroup.ProtoReflect.Descriptor instead.
+func (*ModelGroup) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ModelGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type Capabilities struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Tools           bool                   `protobuf:"varint,1,opt,name=tools,proto3" json:"tools,omitempty"`
+	JsonMode        bool                   `protobuf:"varint,2,opt,name=json_mode,json=jsonMode,proto3" json:"json_mode,omitempty"`
+	Vision          bool                   `protobuf:"varint,3,opt,name=vision,proto3" json:"vision,omitempty"`
+	MaxInputTokens  int64                  `protobuf:"varint,4,opt,name=max_input_tokens,json=maxInputTokens,proto3" json:"max_input_tokens,omitempty"`
+	MaxOutputTokens int64                  `protobuf:"varint,5,opt,name=max_output_tokens,json=maxOutputTokens,proto3" json:"max_output_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Capabilities) Reset() {
+	*x = Capabilities{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Capabilities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Capabilities) ProtoMessage() {}
+
+func (x *Capabilities) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
+func (*Capabilities) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Capabilities) GetTools() bool {
+	if x != nil {
+		return x.Tools
+	}
+	return false
+}
+
+func (x *Capabilities) GetJsonMode() bool {
+	if x != nil {
+		return x.JsonMode
+	}
+	return false
+}
+
+func (x *Capabilities) GetVision() bool {
+	if x != nil {
+		return x.Vision
+	}
+	return false
+}
+
+func (x *Capabilities) GetMaxInputTokens() int64 {
+	if x != nil {
+		return x.MaxInputTokens
+	}
+	return 0
+}
+
+func (x *Capabilities) GetMaxOutputTokens() int64 {
+	if x != nil {
+		return x.MaxOutputTokens
+	}
+	return 0
+}
+
+type Prices struct {
+	state               protoimpl.MessageState `protogen:"open.v1"`
+	InputPerToken       float64                `protobuf:"fixed64,1,opt,name=input_per_token,json=inputPerToken,proto3" json:"input_per_token,omitempty"`
+	OutputPerToken      float64                `protobuf:"fixed64,2,opt,name=output_per_token,json=outputPerToken,proto3" json:"output_per_token,omitempty"`
+	CachedInputPerToken float64                `protobuf:"fixed64,3,opt,name=cached_input_per_token,json=cachedInputPerToken,proto3" json:"cached_input_per_token,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *Prices) Reset() {
+	*x = Prices{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Prices) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Prices) ProtoMessage() {}
+
+func (x *Prices) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Prices.ProtoReflect.Descriptor instead.
+func (*Prices) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Prices) GetInputPerToken() float64 {
+	if x != nil {
+		return x.InputPerToken
+	}
+	return 0
+}
+
+func (x *Prices) GetOutputPerToken() float64 {
+	if x != nil {
+		return x.OutputPerToken
+	}
+	return 0
+}
+
+func (x *Prices) GetCachedInputPerToken() float64 {
+	if x != nil {
+		return x.CachedInputPerToken
+	}
+	return 0
+}
+
+// Deployment is an upstream engine. Its credential travels encrypted: data
+// planes decrypt it with the same key ring (SLUICE_KEK); one they cannot
+// decrypt makes the deployment unavailable, loudly.
+type Deployment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	ModelGroup    string                 `protobuf:"bytes,2,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	ApiBase       string                 `protobuf:"bytes,3,opt,name=api_base,json=apiBase,proto3" json:"api_base,omitempty"`
+	UpstreamModel string                 `protobuf:"bytes,4,opt,name=upstream_model,json=upstreamModel,proto3" json:"upstream_model,omitempty"`
+	// Key-ring ciphertext ("v<N>:" + nonce + sealed credential); empty: none.
+	CredentialCiphertext []byte        `protobuf:"bytes,5,opt,name=credential_ciphertext,json=credentialCiphertext,proto3" json:"credential_ciphertext,omitempty"`
+	Weight               int32         `protobuf:"varint,6,opt,name=weight,proto3" json:"weight,omitempty"`
+	MaxConcurrency       int64         `protobuf:"varint,7,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	Capabilities         *Capabilities `protobuf:"bytes,8,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Tags                 []string      `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty"`
+	Prices               *Prices       `protobuf:"bytes,10,opt,name=prices,proto3" json:"prices,omitempty"`
+	Free                 bool          `protobuf:"varint,11,opt,name=free,proto3" json:"free,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *Deployment) Reset() {
+	*x = Deployment{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Deployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Deployment) ProtoMessage() {}
+
+func (x *Deployment) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
+func (*Deployment) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Deployment) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Deployment) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *Deployment) GetApiBase() string {
+	if x != nil {
+		return x.ApiBase
+	}
+	return ""
+}
+
+func (x *Deployment) GetUpstreamModel() string {
+	if x != nil {
+		return x.UpstreamModel
+	}
+	return ""
+}
+
+func (x *Deployment) GetCredentialCiphertext() []byte {
+	if x != nil {
+		return x.CredentialCiphertext
+	}
+	return nil
+}
+
+func (x *Deployment) GetWeight() int32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Deployment) GetMaxConcurrency() int64 {
+	if x != nil {
+		return x.MaxConcurrency
+	}
+	return 0
+}
+
+func (x *Deployment) GetCapabilities() *Capabilities {
+	if x != nil {
+		return x.Capabilities
+	}
+	return nil
+}
+
+func (x *Deployment) GetTags() []string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *Deployment) GetPrices() *Prices {
+	if x != nil {
+		return x.Prices
+	}
+	return nil
+}
+
+func (x *Deployment) GetFree() bool {
+	if x != nil {
+		return x.Free
+	}
+	return false
+}
+
 // MemberRef names a membership.
 type MemberRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -927,7 +1251,7 @@ type MemberRef struct {
 
 func (x *MemberRef) Reset() {
 	*x = MemberRef{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1263,7 @@ func (x *MemberRef) String() string {
 func (*MemberRef) ProtoMessage() {}
 
 func (x *MemberRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1276,7 @@ func (x *MemberRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRef.ProtoReflect.Descriptor instead.
 func (*MemberRef) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MemberRef) GetTeamId() string {
@@ -982,7 +1306,7 @@ type BlockChange struct {
 
 func (x *BlockChange) Reset() {
 	*x = BlockChange{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1318,7 @@ func (x *BlockChange) String() string {
 func (*BlockChange) ProtoMessage() {}
 
 func (x *BlockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1331,7 @@ func (x *BlockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockChange.ProtoReflect.Descriptor instead.
 func (*BlockChange) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *BlockChange) GetObjectType() string {
@@ -1059,6 +1383,10 @@ type Event struct {
 	//	*Event_Key
 	//	*Event_KeyDeleted
 	//	*Event_Block
+	//	*Event_ModelGroup
+	//	*Event_ModelGroupDeleted
+	//	*Event_Deployment
+	//	*Event_DeploymentDeleted
 	Change        isEvent_Change `protobuf_oneof:"change"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1066,7 +1394,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1406,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1419,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1246,6 +1574,42 @@ func (x *Event) GetBlock() *BlockChange {
 	return nil
 }
 
+func (x *Event) GetModelGroup() *ModelGroup {
+	if x != nil {
+		if x, ok := x.Change.(*Event_ModelGroup); ok {
+			return x.ModelGroup
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetModelGroupDeleted() string {
+	if x != nil {
+		if x, ok := x.Change.(*Event_ModelGroupDeleted); ok {
+			return x.ModelGroupDeleted
+		}
+	}
+	return ""
+}
+
+func (x *Event) GetDeployment() *Deployment {
+	if x != nil {
+		if x, ok := x.Change.(*Event_Deployment); ok {
+			return x.Deployment
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetDeploymentDeleted() string {
+	if x != nil {
+		if x, ok := x.Change.(*Event_DeploymentDeleted); ok {
+			return x.DeploymentDeleted
+		}
+	}
+	return ""
+}
+
 type isEvent_Change interface {
 	isEvent_Change()
 }
@@ -1302,6 +1666,22 @@ type Event_Block struct {
 	Block *BlockChange `protobuf:"bytes,22,opt,name=block,proto3,oneof"`
 }
 
+type Event_ModelGroup struct {
+	ModelGroup *ModelGroup `protobuf:"bytes,23,opt,name=model_group,json=modelGroup,proto3,oneof"`
+}
+
+type Event_ModelGroupDeleted struct {
+	ModelGroupDeleted string `protobuf:"bytes,24,opt,name=model_group_deleted,json=modelGroupDeleted,proto3,oneof"`
+}
+
+type Event_Deployment struct {
+	Deployment *Deployment `protobuf:"bytes,25,opt,name=deployment,proto3,oneof"`
+}
+
+type Event_DeploymentDeleted struct {
+	DeploymentDeleted string `protobuf:"bytes,26,opt,name=deployment_deleted,json=deploymentDeleted,proto3,oneof"`
+}
+
 func (*Event_Org) isEvent_Change() {}
 
 func (*Event_OrgDeleted) isEvent_Change() {}
@@ -1328,6 +1708,14 @@ func (*Event_KeyDeleted) isEvent_Change() {}
 
 func (*Event_Block) isEvent_Change() {}
 
+func (*Event_ModelGroup) isEvent_Change() {}
+
+func (*Event_ModelGroupDeleted) isEvent_Change() {}
+
+func (*Event_Deployment) isEvent_Change() {}
+
+func (*Event_DeploymentDeleted) isEvent_Change() {}
+
 // RegionEvent is an Event as delivered to one region: region_seq is
 // contiguous per region, so a data plane detects gaps.
 type RegionEvent struct {
@@ -1341,7 +1729,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1741,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1754,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegionEvent) GetRegion() string {
@@ -1412,7 +1800,7 @@ type SnapshotPointer struct {
 
 func (x *SnapshotPointer) Reset() {
 	*x = SnapshotPointer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1424,7 +1812,7 @@ func (x *SnapshotPointer) String() string {
 func (*SnapshotPointer) ProtoMessage() {}
 
 func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1437,7 +1825,7 @@ func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPointer.ProtoReflect.Descriptor instead.
 func (*SnapshotPointer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SnapshotPointer) GetVersion() uint64 {
@@ -1493,7 +1881,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1505,7 +1893,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1518,7 +1906,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Tick) GetAt() *timestamppb.Timestamp {
@@ -1547,7 +1935,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1559,7 +1947,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1572,7 +1960,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -1617,7 +2005,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +2017,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +2030,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Heartbeat) GetInstanceId() string {
@@ -1811,7 +2199,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"old_hashes\x18\x11 \x03(\v2\x19.sluice.config.v1.OldHashR\toldHashes\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc5\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x04\n" +
 	"\bSnapshot\x12%\n" +
 	"\x0eschema_version\x18\x01 \x01(\rR\rschemaVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
@@ -1825,7 +2213,37 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x05users\x18\f \x03(\v2\x16.sluice.config.v1.UserR\x05users\x122\n" +
 	"\amembers\x18\r \x03(\v2\x18.sluice.config.v1.MemberR\amembers\x128\n" +
 	"\tcustomers\x18\x0e \x03(\v2\x1a.sluice.config.v1.CustomerR\tcustomers\x12)\n" +
-	"\x04keys\x18\x0f \x03(\v2\x15.sluice.config.v1.KeyR\x04keys\"=\n" +
+	"\x04keys\x18\x0f \x03(\v2\x15.sluice.config.v1.KeyR\x04keys\x12?\n" +
+	"\fmodel_groups\x18\x14 \x03(\v2\x1c.sluice.config.v1.ModelGroupR\vmodelGroups\x12>\n" +
+	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\" \n" +
+	"\n" +
+	"ModelGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xaf\x01\n" +
+	"\fCapabilities\x12\x14\n" +
+	"\x05tools\x18\x01 \x01(\bR\x05tools\x12\x1b\n" +
+	"\tjson_mode\x18\x02 \x01(\bR\bjsonMode\x12\x16\n" +
+	"\x06vision\x18\x03 \x01(\bR\x06vision\x12(\n" +
+	"\x10max_input_tokens\x18\x04 \x01(\x03R\x0emaxInputTokens\x12*\n" +
+	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\"\x8f\x01\n" +
+	"\x06Prices\x12&\n" +
+	"\x0finput_per_token\x18\x01 \x01(\x01R\rinputPerToken\x12(\n" +
+	"\x10output_per_token\x18\x02 \x01(\x01R\x0eoutputPerToken\x123\n" +
+	"\x16cached_input_per_token\x18\x03 \x01(\x01R\x13cachedInputPerToken\"\x93\x03\n" +
+	"\n" +
+	"Deployment\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vmodel_group\x18\x02 \x01(\tR\n" +
+	"modelGroup\x12\x19\n" +
+	"\bapi_base\x18\x03 \x01(\tR\aapiBase\x12%\n" +
+	"\x0eupstream_model\x18\x04 \x01(\tR\rupstreamModel\x123\n" +
+	"\x15credential_ciphertext\x18\x05 \x01(\fR\x14credentialCiphertext\x12\x16\n" +
+	"\x06weight\x18\x06 \x01(\x05R\x06weight\x12'\n" +
+	"\x0fmax_concurrency\x18\a \x01(\x03R\x0emaxConcurrency\x12B\n" +
+	"\fcapabilities\x18\b \x01(\v2\x1e.sluice.config.v1.CapabilitiesR\fcapabilities\x12\x12\n" +
+	"\x04tags\x18\t \x03(\tR\x04tags\x120\n" +
+	"\x06prices\x18\n" +
+	" \x01(\v2\x18.sluice.config.v1.PricesR\x06prices\x12\x12\n" +
+	"\x04free\x18\v \x01(\bR\x04free\"=\n" +
 	"\tMemberRef\x12\x17\n" +
 	"\ateam_id\x18\x01 \x01(\tR\x06teamId\x12\x17\n" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\"X\n" +
@@ -1833,7 +2251,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\vobject_type\x18\x01 \x01(\tR\n" +
 	"objectType\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xd9\x05\n" +
+	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xbd\a\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
 	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
@@ -1854,7 +2272,14 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x03key\x18\x14 \x01(\v2\x15.sluice.config.v1.KeyH\x00R\x03key\x12!\n" +
 	"\vkey_deleted\x18\x15 \x01(\tH\x00R\n" +
 	"keyDeleted\x125\n" +
-	"\x05block\x18\x16 \x01(\v2\x1d.sluice.config.v1.BlockChangeH\x00R\x05blockB\b\n" +
+	"\x05block\x18\x16 \x01(\v2\x1d.sluice.config.v1.BlockChangeH\x00R\x05block\x12?\n" +
+	"\vmodel_group\x18\x17 \x01(\v2\x1c.sluice.config.v1.ModelGroupH\x00R\n" +
+	"modelGroup\x120\n" +
+	"\x13model_group_deleted\x18\x18 \x01(\tH\x00R\x11modelGroupDeleted\x12>\n" +
+	"\n" +
+	"deployment\x18\x19 \x01(\v2\x1c.sluice.config.v1.DeploymentH\x00R\n" +
+	"deployment\x12/\n" +
+	"\x12deployment_deleted\x18\x1a \x01(\tH\x00R\x11deploymentDeletedB\b\n" +
 	"\x06change\"s\n" +
 	"\vRegionEvent\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
@@ -1911,7 +2336,7 @@ func file_sluice_config_v1_config_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_sluice_config_v1_config_proto_goTypes = []any{
 	(TrafficClass)(0),             // 0: sluice.config.v1.TrafficClass
 	(*Limits)(nil),                // 1: sluice.config.v1.Limits
@@ -1923,64 +2348,74 @@ var file_sluice_config_v1_config_proto_goTypes = []any{
 	(*OldHash)(nil),               // 7: sluice.config.v1.OldHash
 	(*Key)(nil),                   // 8: sluice.config.v1.Key
 	(*Snapshot)(nil),              // 9: sluice.config.v1.Snapshot
-	(*MemberRef)(nil),             // 10: sluice.config.v1.MemberRef
-	(*BlockChange)(nil),           // 11: sluice.config.v1.BlockChange
-	(*Event)(nil),                 // 12: sluice.config.v1.Event
-	(*RegionEvent)(nil),           // 13: sluice.config.v1.RegionEvent
-	(*SnapshotPointer)(nil),       // 14: sluice.config.v1.SnapshotPointer
-	(*Tick)(nil),                  // 15: sluice.config.v1.Tick
-	(*RejectedSnapshot)(nil),      // 16: sluice.config.v1.RejectedSnapshot
-	(*Heartbeat)(nil),             // 17: sluice.config.v1.Heartbeat
-	nil,                           // 18: sluice.config.v1.Limits.ModelMaxBudgetEntry
-	nil,                           // 19: sluice.config.v1.Limits.ModelRpmLimitEntry
-	nil,                           // 20: sluice.config.v1.Limits.ModelTpmLimitEntry
-	nil,                           // 21: sluice.config.v1.Team.ModelGroupAliasesEntry
-	nil,                           // 22: sluice.config.v1.Key.ModelGroupAliasesEntry
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*ModelGroup)(nil),            // 10: sluice.config.v1.ModelGroup
+	(*Capabilities)(nil),          // 11: sluice.config.v1.Capabilities
+	(*Prices)(nil),                // 12: sluice.config.v1.Prices
+	(*Deployment)(nil),            // 13: sluice.config.v1.Deployment
+	(*MemberRef)(nil),             // 14: sluice.config.v1.MemberRef
+	(*BlockChange)(nil),           // 15: sluice.config.v1.BlockChange
+	(*Event)(nil),                 // 16: sluice.config.v1.Event
+	(*RegionEvent)(nil),           // 17: sluice.config.v1.RegionEvent
+	(*SnapshotPointer)(nil),       // 18: sluice.config.v1.SnapshotPointer
+	(*Tick)(nil),                  // 19: sluice.config.v1.Tick
+	(*RejectedSnapshot)(nil),      // 20: sluice.config.v1.RejectedSnapshot
+	(*Heartbeat)(nil),             // 21: sluice.config.v1.Heartbeat
+	nil,                           // 22: sluice.config.v1.Limits.ModelMaxBudgetEntry
+	nil,                           // 23: sluice.config.v1.Limits.ModelRpmLimitEntry
+	nil,                           // 24: sluice.config.v1.Limits.ModelTpmLimitEntry
+	nil,                           // 25: sluice.config.v1.Team.ModelGroupAliasesEntry
+	nil,                           // 26: sluice.config.v1.Key.ModelGroupAliasesEntry
+	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
 }
 var file_sluice_config_v1_config_proto_depIdxs = []int32{
-	18, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
-	19, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
-	20, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
+	22, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
+	23, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
+	24, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
 	1,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
 	1,  // 4: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
 	0,  // 5: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	21, // 6: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	25, // 6: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
 	1,  // 7: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
 	1,  // 8: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
 	1,  // 9: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	23, // 10: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	23, // 11: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	27, // 10: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	27, // 11: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 12: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	22, // 13: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	26, // 13: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
 	1,  // 14: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
 	7,  // 15: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	23, // 16: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	27, // 16: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	2,  // 17: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
 	3,  // 18: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
 	4,  // 19: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
 	5,  // 20: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
 	6,  // 21: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
 	8,  // 22: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
-	23, // 23: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
-	2,  // 24: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
-	3,  // 25: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
-	4,  // 26: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
-	5,  // 27: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
-	10, // 28: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
-	6,  // 29: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
-	8,  // 30: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
-	11, // 31: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
-	12, // 32: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	23, // 33: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	23, // 34: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	23, // 35: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
-	16, // 36: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	37, // [37:37] is the sub-list for method output_type
-	37, // [37:37] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	10, // 23: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
+	13, // 24: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
+	11, // 25: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
+	12, // 26: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
+	27, // 27: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	2,  // 28: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
+	3,  // 29: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
+	4,  // 30: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
+	5,  // 31: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
+	14, // 32: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
+	6,  // 33: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
+	8,  // 34: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
+	15, // 35: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
+	10, // 36: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
+	13, // 37: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
+	16, // 38: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
+	27, // 39: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	27, // 40: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	27, // 41: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	20, // 42: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
+	43, // [43:43] is the sub-list for method output_type
+	43, // [43:43] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }
@@ -1990,7 +2425,7 @@ func file_sluice_config_v1_config_proto_init() {
 	}
 	file_sluice_config_v1_config_proto_msgTypes[0].OneofWrappers = []any{}
 	file_sluice_config_v1_config_proto_msgTypes[4].OneofWrappers = []any{}
-	file_sluice_config_v1_config_proto_msgTypes[11].OneofWrappers = []any{
+	file_sluice_config_v1_config_proto_msgTypes[15].OneofWrappers = []any{
 		(*Event_Org)(nil),
 		(*Event_OrgDeleted)(nil),
 		(*Event_Team)(nil),
@@ -2004,6 +2439,10 @@ func file_sluice_config_v1_config_proto_init() {
 		(*Event_Key)(nil),
 		(*Event_KeyDeleted)(nil),
 		(*Event_Block)(nil),
+		(*Event_ModelGroup)(nil),
+		(*Event_ModelGroupDeleted)(nil),
+		(*Event_Deployment)(nil),
+		(*Event_DeploymentDeleted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2011,7 +2450,7 @@ func file_sluice_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_config_v1_config_proto_rawDesc), len(file_sluice_config_v1_config_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
