@@ -114,7 +114,7 @@ func (e *keyEnv) auditActions(id string) []string {
 
 // authState looks tok up in the control plane's key export
 // (store.KeyAuthRecords) at the bundle's clock, with the semantics the
-// data plane's authn.Index applies to it: "ok <key id>", "unknown",
+// data plane applies to it (catalog.Authenticate): "ok <key id>", "unknown",
 // "expired" or "blocked <scope>". (dataplane/internal/authn itself cannot
 // be imported from here: Go's internal rule keeps the planes apart.)
 func (e *keyEnv) authState(tok string) string {
