@@ -10,7 +10,7 @@ TOOLS_DIR ?= $(HOME)/.cache/sluice-tools/$(BUF_VERSION)-$(SQLC_VERSION)-$(PROTOC
 TOOLS_BIN := $(TOOLS_DIR)/bin
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all generate tools services test test-short dev build lint bench fmt
+.PHONY: all generate tools services test test-short dev build lint bench bench-distribution fmt
 
 all: build
 
@@ -57,3 +57,9 @@ fmt:
 ## bench: long benchmarks, not run in CI.
 bench: services
 	$(GO) test -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
+
+## bench-distribution: config-distribution benchmarks (docs/distribution.md):
+## revocation latency over 100 blocks, then the 100k-key snapshot.
+bench-distribution: services
+	$(GO) test -run '^$$' -bench '^BenchmarkRevocation$$' -benchtime 100x -count 1 -timeout 20m ./dataplane/
+	$(GO) test -run '^$$' -bench '^BenchmarkScale100kKeys$$' -benchtime 5x -count 1 -timeout 20m ./dataplane/

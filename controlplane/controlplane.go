@@ -22,7 +22,9 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/admin"
 	"github.com/sluicegw/sluice/controlplane/internal/publish"
+	"github.com/sluicegw/sluice/controlplane/internal/spend"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/keyring"
 	"github.com/sluicegw/sluice/internal/token"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	"github.com/sluicegw/sluice/sql/migrations"
@@ -63,6 +65,12 @@ type Config struct {
 	// KeyPepper is the versioned HMAC pepper set for key and admin-token
 	// hashes (SLUICE_KEY_PEPPER), "VERSION:SECRET[,VERSION:SECRET]".
 	KeyPepper string
+	// KEK is the key ring that seals upstream credentials of deployments
+	// at rest (SLUICE_KEK), "VERSION:BASE64KEY[,VERSION:BASE64KEY]" with
+	// 32-byte keys; new credentials use the highest version, every listed
+	// version opens. Required: it is its own secret, never derived from
+	// the admin token or the pepper, and data planes need the same ring.
+	KEK string
 	// Migrate applies pending migrations at start. Without it, New refuses
 	// to start on an out-of-date schema.
 	Migrate bool
@@ -98,6 +106,11 @@ func (c *Config) Validate() error {
 	} else if _, err := token.ParsePeppers(c.KeyPepper); err != nil {
 		errs = append(errs, fmt.Errorf("key pepper: %w", err))
 	}
+	if strings.TrimSpace(c.KEK) == "" {
+		errs = append(errs, errors.New("key ring is required (SLUICE_KEK or SLUICE_KEK_FILE): VERSION:BASE64KEY with a 32-byte key, e.g. 1:$(openssl rand -base64 32)"))
+	} else if _, err := keyring.Parse(c.KEK); err != nil {
+		errs = append(errs, fmt.Errorf("key ring (SLUICE_KEK): %w", err))
+	}
 	if c.ShutdownTimeout < 0 {
 		errs = append(errs, errors.New("shutdown timeout must not be negative"))
 	}
@@ -120,6 +133,7 @@ type ControlPlane struct {
 	store *store.Store
 	nc    *nats.Conn
 	pub   *publish.Publisher
+	spend *spend.Consumer
 }
 
 // PublishConfig tunes config distribution; zero values take the defaults
@@ -127,6 +141,9 @@ type ControlPlane struct {
 type PublishConfig struct {
 	// Debounce delays snapshot compilation after a change (default 150ms).
 	Debounce time.Duration
+	// MaxDelay bounds how long a stream of changes can postpone a
+	// snapshot (default 2s).
+	MaxDelay time.Duration
 	// TickInterval is the liveness tick period (default 1s).
 	TickInterval time.Duration
 }
@@ -145,6 +162,7 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	peppers, _ := token.ParsePeppers(cfg.KeyPepper)
+	ring, _ := keyring.Parse(cfg.KEK)
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("connect postgres: %w", redactErr(err))
@@ -178,11 +196,19 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	st := store.New(pool, cfg.Now)
 	pub, err := publish.New(publish.Config{
-		InstanceID: cfg.InstanceID, Debounce: cfg.Publish.Debounce, TickInterval: cfg.Publish.TickInterval, Logger: log,
+		InstanceID: cfg.InstanceID, Debounce: cfg.Publish.Debounce, MaxDelay: cfg.Publish.MaxDelay, TickInterval: cfg.Publish.TickInterval, Logger: log,
 		OnHeartbeat: func(ctx context.Context, hb *configv1.Heartbeat) error {
 			return st.DataPlaneUpsert(ctx, dataPlaneFrom(hb))
 		},
 	}, st, pool, nc)
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return nil, err
+	}
+	// Every replica consumes usage events; JetStream spreads the batches
+	// and recording is idempotent (see package spend).
+	spendConsumer, err := spend.New(spend.Config{Logger: log}, st, nc)
 	if err != nil {
 		nc.Close()
 		pool.Close()
@@ -195,7 +221,7 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken, Logger: log}))
+	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken, KeyRing: ring, Logger: log}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -219,7 +245,7 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if cfg.BootstrapToken == "" {
 		log.Warn("no bootstrap admin token configured (SLUICE_ADMIN_TOKEN); only admin tokens from the database are accepted")
 	}
-	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub}, nil
+	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub, spend: spendConsumer}, nil
 }
 
 // Addr returns the admin API's bound address.
@@ -234,6 +260,9 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 	pubDone := make(chan struct{})
 	go func() { defer close(pubDone); _ = c.pub.Run(pctx) }()
 	defer func() { stopPub(); <-pubDone }()
+	spendDone := make(chan struct{})
+	go func() { defer close(spendDone); _ = c.spend.Run(pctx) }()
+	defer func() { stopPub(); <-spendDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- c.srv.Serve(c.ln) }()
 	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())

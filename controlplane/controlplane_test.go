@@ -16,7 +16,11 @@ import (
 	"github.com/sluicegw/sluice/sql/migrations"
 )
 
-const pepper = "1:controlplane-test-pepper-0123456789abcdef"
+const (
+	pepper = "1:controlplane-test-pepper-0123456789abcdef"
+	// kek is a 32-byte key ring entry (base64 of "controlplane-test-kek-0123456789").
+	kek = "1:Y29udHJvbHBsYW5lLXRlc3Qta2VrLTAxMjM0NTY3ODk="
+)
 
 func emptyDatabase(t *testing.T) string {
 	t.Helper()
@@ -41,12 +45,12 @@ func TestNewRefusesOutOfDateSchema(t *testing.T) {
 	url := emptyDatabase(t)
 	ctx := context.Background()
 	nats := testsvc.StartNATS(t)
-	_, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, NATSURL: nats.URL})
+	_, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, KEK: kek, NATSURL: nats.URL})
 	require.Error(t, err)
 	require.True(t, errors.Is(err, migrations.ErrOutOfDate), err)
 	require.Contains(t, err.Error(), "--migrate")
 
-	cp, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, Migrate: true, NATSURL: nats.URL,
+	cp, err := New(ctx, Config{DatabaseURL: url, AdminAddr: "127.0.0.1:0", KeyPepper: pepper, KEK: kek, Migrate: true, NATSURL: nats.URL,
 		BootstrapToken: strings.Repeat("b", 40)})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(ctx)
@@ -94,10 +98,12 @@ func TestMigrationsRoundTrip(t *testing.T) {
 
 func TestConfigValidateReportsEverything(t *testing.T) {
 	t.Parallel()
-	c := Config{DatabaseURL: "", AdminAddr: "nonsense", BootstrapToken: "short", KeyPepper: "1:short", ShutdownTimeout: -1}
+	c := Config{DatabaseURL: "", AdminAddr: "nonsense", BootstrapToken: "short", KeyPepper: "1:short", KEK: "1:dG9vLXNob3J0", ShutdownTimeout: -1}
 	err := c.Validate()
 	require.Error(t, err)
-	for _, want := range []string{"database URL is required", "admin address", "NATS URL is required", "bootstrap admin token", "key pepper", "shutdown timeout"} {
+	for _, want := range []string{"database URL is required", "admin address", "NATS URL is required", "bootstrap admin token", "key pepper", "key ring (SLUICE_KEK): key ring version 1: want 32 bytes", "shutdown timeout"} {
 		require.Contains(t, err.Error(), want)
 	}
+	c.KEK = ""
+	require.ErrorContains(t, c.Validate(), "key ring is required (SLUICE_KEK or SLUICE_KEK_FILE)")
 }

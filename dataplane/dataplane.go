@@ -15,12 +15,18 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicegw/sluice/dataplane/internal/catalog"
 	"github.com/sluicegw/sluice/dataplane/internal/configsync"
+	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
+	"github.com/sluicegw/sluice/dataplane/internal/usage"
+	"github.com/sluicegw/sluice/internal/keyring"
 	"github.com/sluicegw/sluice/internal/token"
 	"github.com/sluicegw/sluice/proto/wire"
 )
@@ -31,6 +37,8 @@ const (
 	DefaultNATSURL      = "nats://127.0.0.1:4222"
 	DefaultRegion       = "default"
 	DefaultMaxStaleness = 60 * time.Second
+	// DefaultUsageBufferSize is the in-memory usage-event buffer (events).
+	DefaultUsageBufferSize = usage.DefaultBufferSize
 	// StalePolicyReject answers 503 stale_config once the configuration is
 	// older than MaxStaleness (the default: fail closed).
 	StalePolicyReject = "reject"
@@ -58,8 +66,32 @@ type Config struct {
 	StalePolicy string
 	// KeyPepper is the versioned HMAC pepper set, as for the control plane.
 	KeyPepper string
+	// KEK is the control plane's key ring (SLUICE_KEK), used to open the
+	// upstream credentials of deployments. Optional: without it (or with
+	// a ring lacking a credential's key version) a deployment that has a
+	// credential is unavailable, and each failure is logged as an error.
+	KEK string
 	// HeartbeatInterval (default 2s).
 	HeartbeatInterval time.Duration
+	// UsageBufferSize is the in-memory usage-event buffer in events
+	// (default usage.DefaultBufferSize); beyond it events are spooled.
+	UsageBufferSize int
+	// UsageSpoolDir is where usage events go when the buffer is full or at
+	// shutdown (default: a new temporary directory per instance). Give
+	// each instance its own persistent directory so a restarted instance
+	// replays what its predecessor spooled.
+	UsageSpoolDir string
+	// MaxBodyBytes bounds OpenAI request bodies (413 above it; default
+	// apiproxy.DefaultMaxBodyBytes, 4 MiB).
+	MaxBodyBytes int64
+	// RequestTimeout is the total deadline of one OpenAI request across
+	// all its upstream attempts, streams included (default
+	// apiproxy.DefaultRequestTimeout, 10 min).
+	RequestTimeout time.Duration
+	// MaxRetries is how many other deployments a request may try after a
+	// retryable upstream failure before its first byte (default
+	// apiproxy.DefaultMaxRetries, 2; negative: none).
+	MaxRetries int
 	// Logger (nil: discard).
 	Logger *slog.Logger
 }
@@ -85,6 +117,20 @@ func (c *Config) Validate() error {
 	if _, err := token.ParsePeppers(c.KeyPepper); err != nil {
 		errs = append(errs, fmt.Errorf("key pepper (SLUICE_KEY_PEPPER): %w", err))
 	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("max body bytes %d: must not be negative", c.MaxBodyBytes))
+	}
+	if c.RequestTimeout < 0 {
+		errs = append(errs, fmt.Errorf("request timeout %s: must not be negative", c.RequestTimeout))
+	}
+	if c.UsageBufferSize < 0 {
+		errs = append(errs, fmt.Errorf("usage buffer size %d: must not be negative", c.UsageBufferSize))
+	}
+	if strings.TrimSpace(c.KEK) != "" {
+		if _, err := keyring.Parse(c.KEK); err != nil {
+			errs = append(errs, fmt.Errorf("key ring (SLUICE_KEK): %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -99,6 +145,12 @@ type DataPlane struct {
 	srv                                             *http.Server
 	inFlight                                        atomic.Int64
 	authOK, authDenied, authRejected, staleRejected atomic.Int64
+	// usage publishes one usage event per request (the proxy's UsageSink).
+	usage *usage.Publisher
+	// registry holds every metric /metrics exposes.
+	registry *prometheus.Registry
+	// proxy serves the OpenAI endpoints.
+	proxy *apiproxy.Handler
 }
 
 // New validates cfg, connects to NATS (retrying in the background if it
@@ -133,8 +185,23 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 	d := &DataPlane{cfg: cfg, log: log, nc: nc, peppers: peppers}
 	d.sync, err = configsync.New(configsync.Config{
 		Region: cfg.Region, InstanceID: cfg.InstanceID, MaxStaleness: cfg.MaxStaleness,
-		HeartbeatInterval: cfg.HeartbeatInterval, InFlight: d.inFlight.Load, Logger: log,
+		HeartbeatInterval: cfg.HeartbeatInterval, InFlight: d.inFlight.Load, Logger: log, Open: credentialOpener(cfg.KEK, log),
 	}, nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	d.usage, err = usage.New(usage.Config{Region: cfg.Region, BufferSize: cfg.UsageBufferSize,
+		SpoolDir: cfg.UsageSpoolDir, Logger: log}, nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	d.registry = prometheus.NewRegistry()
+	d.registerMetrics()
+	d.proxy, err = apiproxy.New(apiproxy.Config{Catalog: d.sync.Catalog, Gate: d.gate, Peppers: peppers, Usage: d.usage,
+		Registerer: d.registry, Region: cfg.Region, InstanceID: cfg.InstanceID, MaxBodyBytes: cfg.MaxBodyBytes,
+		RequestTimeout: cfg.RequestTimeout, MaxRetries: cfg.MaxRetries, Logger: log})
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -152,6 +219,44 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 	return d, nil
 }
 
+// errNoKeyRing is the credential error of every deployment with a
+// credential on a data plane started without SLUICE_KEK.
+var errNoKeyRing = errors.New("no key ring configured (SLUICE_KEK) to decrypt the credential")
+
+// credentialOpener returns the function the catalog decrypts deployment
+// credentials with. Every failure is logged as an error (never the
+// ciphertext or the plaintext): the catalog marks the deployment
+// unavailable (CredentialErr), and an operator must hear about it.
+func credentialOpener(kek string, log *slog.Logger) catalog.OpenFunc {
+	var ring *keyring.Ring
+	if strings.TrimSpace(kek) != "" {
+		ring, _ = keyring.Parse(kek) // validated by Config.Validate
+	}
+	return func(ct []byte) ([]byte, error) {
+		if ring == nil {
+			log.Error("deployment credential cannot be decrypted: no key ring configured (SLUICE_KEK); the deployment is unavailable",
+				"key_version", keyVersion(ct))
+			return nil, errNoKeyRing
+		}
+		pt, err := ring.Open(ct)
+		if err != nil {
+			log.Error("deployment credential cannot be decrypted; the deployment is unavailable",
+				"key_version", keyVersion(ct), "current_key_version", ring.Current(), "error", err)
+			return nil, err
+		}
+		return pt, nil
+	}
+}
+
+// keyVersion returns the key version a ciphertext names ("v2"), or "".
+func keyVersion(ct []byte) string {
+	v, _, ok := strings.Cut(string(ct[:min(len(ct), 12)]), ":")
+	if !ok || !strings.HasPrefix(v, "v") {
+		return ""
+	}
+	return v
+}
+
 // Addr returns the bound HTTP address.
 func (d *DataPlane) Addr() string { return d.ln.Addr().String() }
 
@@ -162,6 +267,13 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	syncDone := make(chan struct{})
 	go func() { defer close(syncDone); _ = d.sync.Run(sctx) }()
 	defer func() { stopSync(); <-syncDone }()
+	// The usage publisher outlives the HTTP server: it stops (flushing,
+	// then spooling the rest) only after Shutdown has waited for the
+	// in-flight requests, whose usage events it must still take.
+	uctx, stopUsage := context.WithCancel(context.WithoutCancel(ctx))
+	usageDone := make(chan struct{})
+	go func() { defer close(usageDone); _ = d.usage.Run(uctx) }()
+	defer func() { stopUsage(); <-usageDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- d.srv.Serve(d.ln) }()
 	d.log.Info("data plane serving", "addr", d.Addr(), "region", d.cfg.Region, "instance", d.cfg.InstanceID)

@@ -21,19 +21,22 @@ import (
 const (
 	testPepper    = "1:dataplane-test-pepper-0123456789abcdefghij"
 	testBootstrap = "dataplane-test-bootstrap-token-0123456789"
+	// testKEK is the key ring of the test control plane and (by default)
+	// of its data planes: base64 of the 32 bytes "dataplane-test-kek-0123456789abc".
+	testKEK = "1:ZGF0YXBsYW5lLXRlc3Qta2VrLTAxMjM0NTY3ODlhYmM="
 )
 
 // dist is a running control plane with NATS and Postgres, and the data
 // planes a test starts.
 type dist struct {
-	t     *testing.T
+	t     testing.TB
 	nats  *testsvc.NATSServer
 	dbURL string
 	admin string // admin API base URL
 	cps   []context.CancelFunc
 }
 
-func startDist(t *testing.T) *dist {
+func startDist(t testing.TB) *dist {
 	t.Helper()
 	d := &dist{t: t, nats: testsvc.StartNATS(t), dbURL: testsvc.NewDatabase(t)}
 	d.admin = d.startControl("cp-1")
@@ -46,7 +49,7 @@ func (d *dist) startControl(instance string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp, err := controlplane.New(ctx, controlplane.Config{
 		DatabaseURL: d.dbURL, AdminAddr: "127.0.0.1:0", NATSURL: d.nats.URL, InstanceID: instance,
-		BootstrapToken: testBootstrap, KeyPepper: testPepper,
+		BootstrapToken: testBootstrap, KeyPepper: testPepper, KEK: testKEK,
 		Publish: controlplane.PublishConfig{Debounce: 50 * time.Millisecond, TickInterval: 200 * time.Millisecond},
 	})
 	require.NoError(d.t, err)
@@ -67,7 +70,7 @@ type proxy struct {
 func (d *dist) startProxy(region string, maxStale time.Duration) *proxy {
 	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	dp, err := New(ctx, Config{Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper,
+	dp, err := New(ctx, Config{Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
 		MaxStaleness: maxStale, HeartbeatInterval: 200 * time.Millisecond})
 	require.NoError(d.t, err)
 	done := make(chan struct{})

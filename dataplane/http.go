@@ -6,23 +6,32 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/sluicegw/sluice/dataplane/internal/authn"
+	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	"github.com/sluicegw/sluice/dataplane/internal/configsync"
+	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
+	"github.com/sluicegw/sluice/dataplane/internal/usage"
 )
 
 // RequestIDHeader is on every answer.
-const RequestIDHeader = "X-Sluice-Request-Id"
+const RequestIDHeader = apiproxy.RequestIDHeader
 
 func (d *DataPlane) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", d.readyz)
-	mux.HandleFunc("GET /metrics", d.metrics)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
 	mux.HandleFunc("/v1/auth/check", d.authCheck)
+	d.proxy.Register(mux)
 	return d.withRequestID(mux)
 }
 
@@ -37,38 +46,34 @@ func (d *DataPlane) withRequestID(next http.Handler) http.Handler {
 	})
 }
 
-// apiError is the OpenAI error shape (SPEC §9.1).
-type apiError struct {
-	Message string  `json:"message"`
-	Type    string  `json:"type"`
-	Param   *string `json:"param"`
-	Code    string  `json:"code"`
-}
-
+// writeError answers in the OpenAI error shape (SPEC §9.1) through the
+// proxy's single error writer.
 func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	if status == http.StatusUnauthorized || status == http.StatusForbidden {
-		w.Header().Set("X-Should-Retry", "false")
-	}
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]apiError{"error": {Message: msg, Type: typ, Code: code}})
+	apiproxy.WriteError(w, &apiproxy.Error{Status: status, Type: typ, Code: code, Message: msg,
+		NoRetry: status == http.StatusUnauthorized || status == http.StatusForbidden})
 }
 
-// serving reports whether requests may be served now, answering 503 when
-// not (no configuration yet, or stale under the reject policy).
-func (d *DataPlane) serving(w http.ResponseWriter) bool {
+// gate says whether requests may be served now: nil, or the 503 to answer
+// (no configuration yet, or stale under the reject policy).
+func (d *DataPlane) gate() *apiproxy.Error {
 	if !d.sync.Ready() {
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "config_not_loaded",
-			"this proxy has not loaded its configuration yet; retry shortly")
-		return false
+		return &apiproxy.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "config_not_loaded",
+			Message: "this proxy has not loaded its configuration yet; retry shortly", RetryAfter: time.Second}
 	}
 	if d.sync.Stale() && d.cfg.StalePolicy == StalePolicyReject {
 		d.staleRejected.Add(1)
-		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, "service_unavailable", "stale_config",
-			fmt.Sprintf("this proxy has not heard from the control plane for %s (max staleness %s); refusing to serve on stale configuration",
-				d.sync.Staleness().Round(time.Second), d.cfg.MaxStaleness))
+		return &apiproxy.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "stale_config",
+			Message: fmt.Sprintf("this proxy has not heard from the control plane for %s (max staleness %s); refusing to serve on stale configuration",
+				d.sync.Staleness().Round(time.Second), d.cfg.MaxStaleness), RetryAfter: 5 * time.Second}
+	}
+	return nil
+}
+
+// serving reports whether requests may be served now, answering the
+// gate's 503 when not.
+func (d *DataPlane) serving(w http.ResponseWriter) bool {
+	if e := d.gate(); e != nil {
+		apiproxy.WriteError(w, e)
 		return false
 	}
 	return true
@@ -130,39 +135,61 @@ func (d *DataPlane) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 }
 
-// metrics writes Prometheus text exposition (names in docs/metrics.md).
-func (d *DataPlane) metrics(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-	st := d.sync.Stats()
-	var version, eventsSeq uint64
-	ready := 0
-	if c := d.sync.Catalog(); c != nil {
-		version, eventsSeq, ready = c.Version, c.EventsSeq, 1
+// registerMetrics registers the data plane's own series (names in
+// docs/metrics.md) on d.registry, read at scrape time; the proxy registers
+// its request metrics itself.
+func (d *DataPlane) registerMetrics() {
+	gauge := func(name, help string, f func() float64) {
+		d.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f))
 	}
-	stale := 0
-	if d.sync.Stale() {
-		stale = 1
+	counter := func(name, help string, labels prometheus.Labels, f func() int64) {
+		d.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return float64(f()) }))
 	}
-	g := func(name, help string, v string) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s gauge\n%s %s\n", name, help, name, name, v)
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
 	}
-	c := func(name, help string, v int64) {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
+	sync := func(f func(configsync.Stats) int64) func() int64 { return func() int64 { return f(d.sync.Stats()) } }
+	use := func(f func(usage.Stats) int64) func() float64 {
+		return func() float64 { return float64(f(d.usage.Stats())) }
 	}
-	g("sluice_dataplane_ready", "1 once a configuration snapshot is loaded.", strconv.Itoa(ready))
-	g("sluice_dataplane_snapshot_version", "Config version running.", strconv.FormatUint(version, 10))
-	g("sluice_dataplane_events_seq", "Last config event applied.", strconv.FormatUint(eventsSeq, 10))
-	g("sluice_dataplane_staleness_seconds", "Seconds since the last contact with the control plane.", strconv.FormatFloat(d.sync.Staleness().Seconds(), 'f', 3, 64))
-	g("sluice_dataplane_stale", "1 when staleness exceeds the configured maximum.", strconv.Itoa(stale))
-	g("sluice_dataplane_in_flight", "Requests in flight.", strconv.FormatInt(d.inFlight.Load(), 10))
-	c("sluice_dataplane_snapshots_applied_total", "Snapshots applied.", st.SnapshotsApplied)
-	c("sluice_dataplane_snapshots_rejected_total", "Snapshots refused (bad digest, version or encoding).", st.SnapshotsRejected)
-	c("sluice_dataplane_events_applied_total", "Config events applied.", st.EventsApplied)
-	c("sluice_dataplane_events_skipped_total", "Config events skipped (already in the snapshot or duplicates).", st.EventsSkipped)
-	c("sluice_dataplane_resyncs_total", "Restarts of config sync (gaps, disconnects).", st.Resyncs)
-	c("sluice_dataplane_stale_rejections_total", "Requests refused with stale_config.", d.staleRejected.Load())
-	fmt.Fprintf(w, "# HELP sluice_dataplane_auth_total Key authentications by result.\n# TYPE sluice_dataplane_auth_total counter\n")
-	fmt.Fprintf(w, "sluice_dataplane_auth_total{result=\"ok\"} %d\n", d.authOK.Load())
-	fmt.Fprintf(w, "sluice_dataplane_auth_total{result=\"denied\"} %d\n", d.authDenied.Load())
-	fmt.Fprintf(w, "sluice_dataplane_auth_total{result=\"rejected\"} %d\n", d.authRejected.Load())
+	catalogU := func(f func(c *catalog.Catalog) uint64) func() float64 {
+		return func() float64 {
+			if c := d.sync.Catalog(); c != nil {
+				return float64(f(c))
+			}
+			return 0
+		}
+	}
+	gauge("sluice_dataplane_ready", "1 once a configuration snapshot is loaded.", func() float64 { return b2f(d.sync.Ready()) })
+	gauge("sluice_dataplane_snapshot_version", "Config version running.", catalogU(func(c *catalog.Catalog) uint64 { return c.Version }))
+	gauge("sluice_dataplane_events_seq", "Last config event applied.", catalogU(func(c *catalog.Catalog) uint64 { return c.EventsSeq }))
+	gauge("sluice_dataplane_staleness_seconds", "Seconds since the last contact with the control plane.", func() float64 { return d.sync.Staleness().Seconds() })
+	gauge("sluice_dataplane_stale", "1 when staleness exceeds the configured maximum.", func() float64 { return b2f(d.sync.Stale()) })
+	gauge("sluice_dataplane_in_flight", "Requests in flight.", func() float64 { return float64(d.inFlight.Load()) })
+	counter("sluice_dataplane_snapshots_applied_total", "Snapshots applied.", nil, sync(func(s configsync.Stats) int64 { return s.SnapshotsApplied }))
+	counter("sluice_dataplane_snapshots_rejected_total", "Snapshots refused (bad digest, version or encoding).", nil, sync(func(s configsync.Stats) int64 { return s.SnapshotsRejected }))
+	counter("sluice_dataplane_events_applied_total", "Config events applied.", nil, sync(func(s configsync.Stats) int64 { return s.EventsApplied }))
+	counter("sluice_dataplane_events_skipped_total", "Config events skipped (already in the snapshot or duplicates).", nil, sync(func(s configsync.Stats) int64 { return s.EventsSkipped }))
+	counter("sluice_dataplane_resyncs_total", "Restarts of config sync (gaps, disconnects).", nil, sync(func(s configsync.Stats) int64 { return s.Resyncs }))
+	counter("sluice_dataplane_stale_rejections_total", "Requests refused with stale_config.", nil, d.staleRejected.Load)
+	const authHelp = "Key authentications of /v1/auth/check by result."
+	counter("sluice_dataplane_auth_total", authHelp, prometheus.Labels{"result": "ok"}, d.authOK.Load)
+	counter("sluice_dataplane_auth_total", authHelp, prometheus.Labels{"result": "denied"}, d.authDenied.Load)
+	counter("sluice_dataplane_auth_total", authHelp, prometheus.Labels{"result": "rejected"}, d.authRejected.Load)
+	gauge("sluice_usage_buffer_depth", "Usage events in memory waiting for JetStream.", use(func(s usage.Stats) int64 { return s.Buffered }))
+	gauge("sluice_usage_buffer_capacity", "Size of the usage-event buffer.", use(func(s usage.Stats) int64 { return s.BufferCapacity }))
+	gauge("sluice_usage_spool_bytes", "Bytes of usage events in the on-disk spool.", use(func(s usage.Stats) int64 { return s.SpoolBytes }))
+	usageCounter := func(name, help string, f func(usage.Stats) int64) {
+		counter(name, help, nil, func() int64 { return f(d.usage.Stats()) })
+	}
+	usageCounter("sluice_usage_published_total", "Usage events acknowledged by JetStream.", func(s usage.Stats) int64 { return s.Published })
+	usageCounter("sluice_usage_retries_total", "Usage event publishes retried after a failure.", func(s usage.Stats) int64 { return s.Retries })
+	usageCounter("sluice_usage_spooled_total", "Usage events written to the spool (buffer full or shutdown).", func(s usage.Stats) int64 { return s.Spooled })
+	usageCounter("sluice_usage_replayed_total", "Spooled usage events published.", func(s usage.Stats) int64 { return s.Replayed })
+	usageCounter("sluice_usage_dropped_total", "Usage events lost: buffer full and spool unavailable (each logged).", func(s usage.Stats) int64 { return s.Dropped })
+	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }

@@ -32,8 +32,12 @@ func runControl(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
+	kek, err := secret(getenv, "SLUICE_KEK")
+	if err != nil {
+		return err
+	}
 	cp, err := controlplane.New(ctx, controlplane.Config{
-		DatabaseURL: *dbURL, AdminAddr: *addr, NATSURL: *natsURL, InstanceID: *instance, BootstrapToken: bootstrap, KeyPepper: pepper,
+		DatabaseURL: *dbURL, AdminAddr: *addr, NATSURL: *natsURL, InstanceID: *instance, BootstrapToken: bootstrap, KeyPepper: pepper, KEK: kek,
 		Migrate: *migrate, Logger: log,
 	})
 	if err != nil {

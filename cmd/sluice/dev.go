@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,13 +19,14 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats-server/v2/server"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/controlplane"
 	"github.com/sluicegw/sluice/dataplane"
 	"github.com/sluicegw/sluice/e2e/vllmsim"
+	"github.com/sluicegw/sluice/internal/keyring"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
 )
@@ -48,6 +50,8 @@ type devState struct {
 type devSecrets struct {
 	AdminToken string `json:"admin_token"`
 	KeyPepper  string `json:"key_pepper"`
+	// KEK is the key ring sealing upstream credentials (SLUICE_KEK).
+	KEK string `json:"kek"`
 }
 
 func runDev(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -81,7 +85,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	natsURL := ns.ClientURL()
 	cp, err := controlplane.New(ctx, controlplane.Config{
 		DatabaseURL: *dbURL, AdminAddr: *addr, NATSURL: natsURL, InstanceID: "dev-control",
-		BootstrapToken: sec.AdminToken, KeyPepper: sec.KeyPepper, Migrate: true, Logger: log,
+		BootstrapToken: sec.AdminToken, KeyPepper: sec.KeyPepper, KEK: sec.KEK, Migrate: true, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -92,7 +96,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	go func() { errc <- cp.Run(ctx) }()
 	dp, err := dataplane.New(ctx, dataplane.Config{
 		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
-		KeyPepper: sec.KeyPepper, Logger: log,
+		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log,
 	})
 	if err != nil {
 		cancel()
@@ -185,6 +189,13 @@ func ensureDatabase(ctx context.Context, dbURL string) error {
 	return nil
 }
 
+// randomBase64 returns n random bytes in standard base64 (a key ring key).
+func randomBase64(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return base64.StdEncoding.EncodeToString(b)
+}
+
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -209,6 +220,9 @@ func loadDevSecrets(path string, getenv func(string) string) (devSecrets, error)
 	if s.KeyPepper == "" {
 		s.KeyPepper, changed = "1:"+randomHex(32), true
 	}
+	if s.KEK == "" {
+		s.KEK, changed = "1:"+randomBase64(keyring.KeySize), true
+	}
 	if changed {
 		if err := writeJSONFile(path, s); err != nil {
 			return s, err
@@ -223,6 +237,11 @@ func loadDevSecrets(path string, getenv func(string) string) (devSecrets, error)
 		return s, err
 	} else if v != "" {
 		s.KeyPepper = v
+	}
+	if v, err := secret(getenv, "SLUICE_KEK"); err != nil {
+		return s, err
+	} else if v != "" {
+		s.KEK = v
 	}
 	return s, nil
 }

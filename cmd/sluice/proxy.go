@@ -23,6 +23,9 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	maxStale := fs.Duration("max-staleness", defStale, "serve at most this long without contact with the control plane (SLUICE_MAX_STALENESS)")
 	policy := fs.String("stale-policy", envOr(getenv, "SLUICE_STALE_POLICY", dataplane.StalePolicyReject), "past max staleness: reject (503 stale_config) or serve (SLUICE_STALE_POLICY)")
+	spoolDir := fs.String("usage-spool-dir", envOr(getenv, "SLUICE_USAGE_SPOOL_DIR", ""),
+		"directory where usage events wait when the buffer is full or NATS is away; one per instance, persistent to survive restarts (default: a new temporary directory) (SLUICE_USAGE_SPOOL_DIR)")
+	bufSize := fs.Int("usage-buffer-size", dataplane.DefaultUsageBufferSize, "usage events buffered in memory before spooling to disk")
 	level, format := logFlags(fs, getenv, "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -35,9 +38,14 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	kek, err := secret(getenv, "SLUICE_KEK")
+	if err != nil {
+		return err
+	}
 	dp, err := dataplane.New(ctx, dataplane.Config{
 		Region: *region, InstanceID: *instance, NATSURL: *natsURL, Addr: *addr, MaxStaleness: *maxStale,
-		StalePolicy: *policy, KeyPepper: pepper, Logger: log,
+		StalePolicy: *policy, KeyPepper: pepper, KEK: kek, Logger: log,
+		UsageSpoolDir: *spoolDir, UsageBufferSize: *bufSize,
 	})
 	if err != nil {
 		return err

@@ -25,6 +25,10 @@ type clients struct {
 	customers adminv1connect.CustomerServiceClient
 	tokens    adminv1connect.AdminTokenServiceClient
 	audit     adminv1connect.AuditServiceClient
+	fleet     adminv1connect.FleetServiceClient
+	rollout   adminv1connect.RolloutServiceClient
+	spend     adminv1connect.SpendServiceClient
+	models    adminv1connect.ModelServiceClient
 }
 
 // newClients builds the Connect clients; every request carries
@@ -47,6 +51,10 @@ func newClients(server, token string) *clients {
 		customers: adminv1connect.NewCustomerServiceClient(hc, server, opts),
 		tokens:    adminv1connect.NewAdminTokenServiceClient(hc, server, opts),
 		audit:     adminv1connect.NewAuditServiceClient(hc, server, opts),
+		fleet:     adminv1connect.NewFleetServiceClient(hc, server, opts),
+		rollout:   adminv1connect.NewRolloutServiceClient(hc, server, opts),
+		spend:     adminv1connect.NewSpendServiceClient(hc, server, opts),
+		models:    adminv1connect.NewModelServiceClient(hc, server, opts),
 	}
 }
 

@@ -1,7 +1,8 @@
 // Command sluicectl is the command-line client of the Sluice admin API:
 // contexts with tenant-scoped admin tokens, create/get/list/update/delete
 // of orgs, teams, members, users, keys, customers and admin tokens, key
-// rotation, block/unblock, and the audit trail. See docs/sluicectl.md.
+// rotation, block/unblock, the audit trail, and the data-plane fleet,
+// regions and per-region rollout of config versions. See docs/sluicectl.md.
 package main
 
 import (

@@ -85,6 +85,8 @@ func rootCommand() *command {
 		loginCommand(), contextCommand(), whoamiCommand(),
 		orgCommand(), teamCommand(), memberCommand(), userCommand(), keyCommand(),
 		customerCommand(), tokenCommand(), auditCommand(),
+		fleetCommand(), rolloutCommand(), regionCommand(), spendCommand(),
+		modelGroupCommand(), deploymentCommand(),
 	}}
 }
 

@@ -62,6 +62,9 @@ func TestMain(m *testing.M) {
 // bootstrapToken is the platform-admin token of test servers.
 const bootstrapToken = "sluicectl-test-bootstrap-token-0123456789"
 
+// testKEK is the key ring of test servers (base64 of 32 bytes).
+const testKEK = "1:c2x1aWNlY3RsLXRlc3Qta2VrLTAxMjM0NTY3ODlhYmM="
+
 // syncBuffer collects a process's output safely.
 type syncBuffer struct {
 	mu sync.Mutex
@@ -84,20 +87,31 @@ func (s *syncBuffer) String() string {
 // admin API URL once it accepts connections, and the database URL.
 func startServer(t *testing.T) (string, string) {
 	t.Helper()
+	server, dbURL, _ := startServerNATS(t)
+	return server, dbURL
+}
+
+// startServerNATS is startServer that also returns the URL of the
+// control plane's NATS server (an embedded JetStream server of the test's
+// own, so parallel tests never share streams).
+func startServerNATS(t *testing.T) (string, string, string) {
+	t.Helper()
 	require.NoError(t, bins.err)
 	dbURL := testsvc.NewDatabase(t)
+	nats := testsvc.StartNATS(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 
 	var logs syncBuffer
-	cmd := exec.Command(bins.sluice, "control", "--addr", addr, "--database-url", dbURL, "--migrate")
+	cmd := exec.Command(bins.sluice, "control", "--addr", addr, "--database-url", dbURL, "--nats-url", nats.URL, "--migrate")
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + t.TempDir(),
 		"SLUICE_ADMIN_TOKEN=" + bootstrapToken,
 		"SLUICE_KEY_PEPPER=1:sluicectl-test-pepper-0123456789abcdef",
+		"SLUICE_KEK=" + testKEK,
 	}
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
@@ -125,7 +139,7 @@ func startServer(t *testing.T) (string, string) {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-			return "http://" + addr, dbURL
+			return "http://" + addr, dbURL, nats.URL
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("sluice control did not listen on %s within 30s:\n%s", addr, logs.String())

@@ -8,6 +8,9 @@
 //	1 (2026-11-29): orgs, teams, users, members, customers, keys with old
 //	  hashes; events with upserts, deletions and block changes; region
 //	  events, snapshot pointers, ticks and heartbeats.
+//	2 (2026-11-29): model groups and deployments (upstream, weight,
+//	  capabilities, tags, prices, credential sealed by the key ring) in
+//	  snapshots and as event upserts and deletions.
 package wire
 
 import (
@@ -22,7 +25,7 @@ import (
 )
 
 // SchemaVersion is the snapshot schema this build writes and reads.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // NATS names. Every region has its own event stream, so a region's stream
 // sequence is its region_seq and a data plane can start exactly after the

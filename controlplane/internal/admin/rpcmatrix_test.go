@@ -57,6 +57,9 @@ func adminRPCs(t *testing.T) []rpc {
 type objs struct {
 	OrgID, TeamID, UserID, CustomerID, KeyID, TokenID string
 	EmptyTeamID, FreeUserID, EmptyOrgID               string
+	// Platform objects every token may read (not tenant data, so not in
+	// ids()): a model group with a deployment, and an empty one.
+	ModelGroup, EmptyModelGroup, DeploymentID string
 }
 
 var uniq atomic.Int64
@@ -141,6 +144,26 @@ var builders = map[string]func(o objs) string{
 	"UpsertRegion":     func(o objs) string { return `{"name":"region-` + u() + `","policy":"ROLLOUT_POLICY_STAGED"}` },
 	"PromoteVersion":   func(o objs) string { return `{"region":"default","version":3}` },
 	"RollbackRegion":   func(o objs) string { return `{"region":"default","version":1}` },
+
+	"GetSpend":      func(o objs) string { return `{"scope":"SPEND_SCOPE_TEAM","id":"` + o.TeamID + `"}` },
+	"ListSpendLogs": func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
+
+	"CreateModelGroup": func(o objs) string { return `{"name":"mg-` + u() + `","description":"d"}` },
+	"GetModelGroup":    func(o objs) string { return `{"name":"` + o.ModelGroup + `"}` },
+	"ListModelGroups":  func(o objs) string { return `{}` },
+	"UpdateModelGroup": func(o objs) string {
+		return `{"model_group":{"name":"` + o.ModelGroup + `","description":"x"},"update_mask":"description"}`
+	},
+	"DeleteModelGroup": func(o objs) string { return `{"name":"` + o.EmptyModelGroup + `"}` },
+	"CreateDeployment": func(o objs) string {
+		return `{"model_group":"` + o.ModelGroup + `","api_base":"http://vllm-` + u() + `:8000/v1","upstream_model":"m","credential":"sk-x","prices":{"input_per_token":1e-6}}`
+	},
+	"GetDeployment":   func(o objs) string { return `{"id":"` + o.DeploymentID + `"}` },
+	"ListDeployments": func(o objs) string { return `{"model_group":"` + o.ModelGroup + `"}` },
+	"UpdateDeployment": func(o objs) string {
+		return `{"deployment":{"id":"` + o.DeploymentID + `","weight":5},"update_mask":"weight"}`
+	},
+	"DeleteDeployment": func(o objs) string { return `{"id":"` + o.DeploymentID + `"}` },
 }
 
 // orgFixture is one org with two teams, each with a member, a key and a
@@ -178,6 +201,8 @@ func (b *bundle) mkFixture(name string) orgFixture {
 	must(err)
 	emptyTeam := mkTeam("empty")
 	freeUser := mkUser()
+	group, emptyGroup := b.mkModelGroup("fixture-"+u()), b.mkModelGroup("fixture-empty-"+u())
+	dep := b.mkDeployment(group, "")
 	view := func(teamName string) objs {
 		team := mkTeam(teamName)
 		user := mkUser()
@@ -190,7 +215,8 @@ func (b *bundle) mkFixture(name string) orgFixture {
 		}))
 		must(err)
 		return objs{OrgID: org.Id, TeamID: team, UserID: user, CustomerID: cus.Msg.Customer.Id, KeyID: k.Msg.Key.Id,
-			TokenID: tk.Msg.AdminToken.Id, EmptyTeamID: emptyTeam, FreeUserID: freeUser, EmptyOrgID: empty.Id}
+			TokenID: tk.Msg.AdminToken.Id, EmptyTeamID: emptyTeam, FreeUserID: freeUser, EmptyOrgID: empty.Id,
+			ModelGroup: group, EmptyModelGroup: emptyGroup, DeploymentID: dep.Id}
 	}
 	return orgFixture{team1: view("one"), team2: view("two")}
 }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/keyring"
 	"github.com/sluicegw/sluice/internal/token"
 	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
 )
@@ -32,7 +33,10 @@ type Options struct {
 	// BootstrapToken is the platform-admin token from SLUICE_ADMIN_TOKEN;
 	// empty disables it.
 	BootstrapToken string
-	Logger         *slog.Logger
+	// KeyRing seals upstream credentials of deployments before they are
+	// stored (SLUICE_KEK); nil refuses to store credentials.
+	KeyRing *keyring.Ring
+	Logger  *slog.Logger
 }
 
 // Server implements every admin service.
@@ -40,12 +44,13 @@ type Server struct {
 	store     *store.Store
 	peppers   *token.Peppers
 	bootstrap string
+	keys      *keyring.Ring
 	log       *slog.Logger
 }
 
 // NewHandler returns the admin API as one http.Handler (all services).
 func NewHandler(o Options) http.Handler {
-	s := &Server{store: o.Store, peppers: o.Peppers, bootstrap: o.BootstrapToken, log: o.Logger}
+	s := &Server{store: o.Store, peppers: o.Peppers, bootstrap: o.BootstrapToken, keys: o.KeyRing, log: o.Logger}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -60,6 +65,8 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle(adminv1connect.NewAuditServiceHandler(&auditService{s}, opts))
 	mux.Handle(adminv1connect.NewFleetServiceHandler(&fleetService{s}, opts))
 	mux.Handle(adminv1connect.NewRolloutServiceHandler(&rolloutService{s}, opts))
+	mux.Handle(adminv1connect.NewSpendServiceHandler(&spendService{s}, opts))
+	mux.Handle(adminv1connect.NewModelServiceHandler(&modelService{s}, opts))
 	return mux
 }
 

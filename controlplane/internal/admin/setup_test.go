@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/keyring"
 	"github.com/sluicegw/sluice/internal/testsvc"
 	"github.com/sluicegw/sluice/internal/token"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -75,6 +76,10 @@ type bundle struct {
 
 const testPepper = "1:test-pepper-0123456789abcdefghijklmnopqrstuvwxyz"
 
+// testKEK is the key ring of test servers: base64 of the 32 bytes
+// "admin-test-kek-0123456789abcdefg".
+const testKEK = "1:YWRtaW4tdGVzdC1rZWstMDEyMzQ1Njc4OWFiY2RlZmc="
+
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, url := testsvc.NewPool(t)
@@ -82,10 +87,12 @@ func setup(t *testing.T) *bundle {
 	peppers, err := token.ParsePeppers(testPepper)
 	require.NoError(t, err)
 	logs := &syncBuffer{}
+	ring, err := keyring.Parse(testKEK)
+	require.NoError(t, err)
 	st := store.New(pool, clock.Now)
 	b := &bundle{t: t, pool: pool, dbURL: url, store: st, clock: clock, peppers: peppers,
 		bootstrap: "bootstrap-admin-token-for-tests-0123456789", logs: logs}
-	h := NewHandler(Options{Store: st, Peppers: peppers, BootstrapToken: b.bootstrap,
+	h := NewHandler(Options{Store: st, Peppers: peppers, BootstrapToken: b.bootstrap, KeyRing: ring,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	srv := httptest.NewUnstartedServer(h)
 	srv.EnableHTTP2 = true

@@ -101,6 +101,27 @@ func keyMsg(k store.ConfigKey, now time.Time) (*configv1.Key, error) {
 	return m, nil
 }
 
+func modelGroupMsg(g store.ModelGroup) *configv1.ModelGroup {
+	return &configv1.ModelGroup{Name: g.Name}
+}
+
+// deploymentMsg converts a deployment for the data planes. The credential
+// travels as stored, sealed by the key ring: the control plane never
+// decrypts it to publish.
+func deploymentMsg(d store.Deployment) *configv1.Deployment {
+	c := d.Capabilities
+	return &configv1.Deployment{
+		Id: d.ID, ModelGroup: d.ModelGroup, ApiBase: d.APIBase, UpstreamModel: d.UpstreamModel,
+		CredentialCiphertext: d.CredentialCiphertext, Weight: d.Weight, MaxConcurrency: d.MaxConcurrency,
+		Capabilities: &configv1.Capabilities{Tools: c.Tools, JsonMode: c.JSONMode, Vision: c.Vision,
+			MaxInputTokens: c.MaxInputTokens, MaxOutputTokens: c.MaxOutputTokens},
+		Tags: d.Tags,
+		Prices: &configv1.Prices{InputPerToken: d.InputPrice, OutputPerToken: d.OutputPrice,
+			CachedInputPerToken: d.CachedInputPrice},
+		Free: d.Free,
+	}
+}
+
 // snapshotFrom builds the snapshot of st as version v.
 func snapshotFrom(st store.ConfigState, v uint64, now time.Time) (*configv1.Snapshot, error) {
 	s := &configv1.Snapshot{
@@ -108,6 +129,7 @@ func snapshotFrom(st store.ConfigState, v uint64, now time.Time) (*configv1.Snap
 		Orgs: make([]*configv1.Org, 0, len(st.Orgs)), Teams: make([]*configv1.Team, 0, len(st.Teams)),
 		Users: make([]*configv1.User, 0, len(st.Users)), Members: make([]*configv1.Member, 0, len(st.Members)),
 		Customers: make([]*configv1.Customer, 0, len(st.Customers)), Keys: make([]*configv1.Key, 0, len(st.Keys)),
+		ModelGroups: make([]*configv1.ModelGroup, 0, len(st.ModelGroups)), Deployments: make([]*configv1.Deployment, 0, len(st.Deployments)),
 	}
 	for _, o := range st.Orgs {
 		m, err := orgMsg(o)
@@ -150,6 +172,12 @@ func snapshotFrom(st store.ConfigState, v uint64, now time.Time) (*configv1.Snap
 			return nil, err
 		}
 		s.Keys = append(s.Keys, m)
+	}
+	for _, g := range st.ModelGroups {
+		s.ModelGroups = append(s.ModelGroups, modelGroupMsg(g))
+	}
+	for _, d := range st.Deployments {
+		s.Deployments = append(s.Deployments, deploymentMsg(d))
 	}
 	return s, nil
 }

@@ -48,7 +48,14 @@ const (
 	DefaultTickInterval    = time.Second
 	DefaultStreamMaxAge    = 7 * 24 * time.Hour
 	DefaultDuplicateWindow = 2 * time.Minute
-	batchSize              = 500
+	// UsageStreamMaxAge is how long usage events wait in SLUICE_USAGE for
+	// the spend consumer: the longest Postgres outage the ledger survives.
+	UsageStreamMaxAge = 7 * 24 * time.Hour
+	// UsageDuplicateWindow is how long JetStream remembers a usage event's
+	// request id to drop republished copies (the consumer is idempotent
+	// beyond it).
+	UsageDuplicateWindow = 10 * time.Minute
+	batchSize            = 500
 	// leaderLockID is the advisory lock of the publishing leader.
 	leaderLockID = 0x736c7569636532
 )
@@ -143,12 +150,18 @@ func (p *Publisher) Run(ctx context.Context) error {
 	wg.Add(2)
 	go func() { defer wg.Done(); p.tickLoop(ctx) }()
 	go func() { defer wg.Done(); p.heartbeatLoop(ctx) }()
+	// A NATS outage ends leadership (publishing fails); try again as soon
+	// as NATS is back rather than up to a retry interval later, so that
+	// changes the outbox held during the outage go out at once.
+	reconnected := p.nc.StatusChanged(nats.CONNECTED)
+	defer p.nc.RemoveStatusListener(reconnected)
 	for ctx.Err() == nil {
 		if err := p.lead(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("publisher leadership ended", "error", err)
 		}
 		select {
 		case <-ctx.Done():
+		case <-reconnected:
 		case <-time.After(time.Second):
 		}
 	}
@@ -284,6 +297,18 @@ func (p *Publisher) ensureInfra(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("pointer bucket: %w", err)
 	}
+	if _, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        wire.UsageStream,
+		Description: "usage events of every region, consumed into the spend ledger",
+		Subjects:    []string{wire.UsageSubjectAll},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      UsageStreamMaxAge,
+		Duplicates:  UsageDuplicateWindow,
+		Replicas:    p.cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("usage stream: %w", err)
+	}
 	regions, err := p.store.Regions(ctx)
 	if err != nil {
 		return err
@@ -368,7 +393,7 @@ func (p *Publisher) publishAll(ctx context.Context) (bool, map[string]bool, erro
 					_, err = p.js.Publish(ctx, wire.EventSubject(r.Name), data,
 						jetstream.WithMsgID(wire.EventMsgID(r.Name, uint64(next))),
 						jetstream.WithExpectLastSequence(uint64(next-1)))
-					if err != nil {
+					if err != nil && !p.appendedBefore(ctx, r.Name, uint64(next), row.Seq) {
 						return nil, fmt.Errorf("publish event %d to region %s: %w", row.Seq, r.Name, err)
 					}
 					seqs[r.Name] = next
@@ -383,6 +408,30 @@ func (p *Publisher) publishAll(ctx context.Context) (bool, map[string]bool, erro
 			return changed, pointerRegions, nil
 		}
 	}
+}
+
+// appendedBefore reports whether region's stream already holds the event
+// of outbox row seq at regionSeq. A leader that died after appending it
+// but before recording the region position in Postgres leaves it there,
+// and the next leader's append of the same row fails: the server checks
+// the expected last sequence before its dedupe window, so the retry is
+// refused rather than acknowledged as a duplicate. The stored copy stands
+// (events carry state, and later rows carry later state).
+func (p *Publisher) appendedBefore(ctx context.Context, region string, regionSeq uint64, seq int64) bool {
+	s, err := p.js.Stream(ctx, wire.EventStream(region))
+	if err != nil {
+		return false
+	}
+	m, err := s.GetMsg(ctx, regionSeq)
+	if err != nil {
+		return false
+	}
+	re := &configv1.RegionEvent{}
+	if proto.Unmarshal(m.Data, re) != nil || re.GetRegionSeq() != regionSeq || re.GetEvent().GetSeq() != uint64(seq) {
+		return false
+	}
+	p.log.Warn("event already appended by an earlier leader; keeping it", "region", region, "region_seq", regionSeq, "seq", seq)
+	return true
 }
 
 // securityKinds reach every region at once.
@@ -488,6 +537,26 @@ func (p *Publisher) buildEvent(ctx context.Context, row store.OutboxRow) (*confi
 		m, err := memberMsg(mb)
 		ev.Change = &configv1.Event_Member{Member: m}
 		return ev, err
+	case "model_group":
+		g, err := p.store.ModelGroupGet(ctx, row.ObjectID)
+		if gone(err) || row.Kind == store.EventModelGroupDeleted {
+			ev.Change = &configv1.Event_ModelGroupDeleted{ModelGroupDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		ev.Change = &configv1.Event_ModelGroup{ModelGroup: modelGroupMsg(g)}
+		return ev, nil
+	case "deployment":
+		d, err := p.store.DeploymentGet(ctx, row.ObjectID)
+		if gone(err) || row.Kind == store.EventDeploymentDeleted {
+			ev.Change = &configv1.Event_DeploymentDeleted{DeploymentDeleted: row.ObjectID}
+			return ev, nil
+		} else if err != nil {
+			return nil, err
+		}
+		ev.Change = &configv1.Event_Deployment{Deployment: deploymentMsg(d)}
+		return ev, nil
 	}
 	return nil, fmt.Errorf("unknown object type %q", row.ObjectType)
 }
@@ -533,7 +602,7 @@ func (p *Publisher) compile(ctx context.Context) error {
 	}, seqs); err != nil {
 		return err
 	}
-	p.log.Info("compiled snapshot", "version", v, "events_seq", st.EventsSeq, "keys", len(snap.Keys),
+	p.log.Info("compiled snapshot", "version", v, "events_seq", st.EventsSeq, "keys", len(snap.Keys), "deployments", len(snap.Deployments),
 		"size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
 	return nil
 }

@@ -30,6 +30,10 @@ type ConfigState struct {
 	Members   []TeamMember
 	Customers []Customer
 	Keys      []ConfigKey
+	// ModelGroups in name order; Deployments in id order, credentials
+	// sealed as stored.
+	ModelGroups []ModelGroup
+	Deployments []Deployment
 }
 
 func configKeyFromRow(r dbsqlc.Key, old []dbsqlc.KeyOldHash) (ConfigKey, error) {
@@ -128,6 +132,21 @@ func (s *Store) ConfigState(ctx context.Context) (ConfigState, error) {
 			return st, err
 		}
 		st.Keys = append(st.Keys, k)
+	}
+	groups, err := s.q.ModelGroupAll(ctx, tx)
+	if err != nil {
+		return st, fmt.Errorf("read model groups: %w", err)
+	}
+	st.ModelGroups = make([]ModelGroup, len(groups))
+	for i, r := range groups {
+		st.ModelGroups[i] = modelGroupFromRow(r)
+	}
+	deps, err := s.q.DeploymentAll(ctx, tx)
+	if err != nil {
+		return st, fmt.Errorf("read deployments: %w", err)
+	}
+	if st.Deployments, err = deploymentsFromRows(deps); err != nil {
+		return st, err
 	}
 	return st, nil
 }

@@ -59,6 +59,8 @@ var constraintMessages = map[string]string{
 	"users_org_id_fkey":                "org_id does not name an org",
 	"customers_org_id_fkey":            "org_id does not name an org",
 	"keys_org_id_fkey":                 "org_id does not name an org",
+	"model_groups_pkey":                "a model group with this name already exists",
+	"deployments_model_group_fkey":     "model_group does not name a model group",
 }
 
 // translate maps database errors to store errors. Messages of unknown
@@ -160,6 +162,13 @@ const (
 	EventKeyRotated        = "key.rotated"
 	EventKeyBlocked        = "key.blocked"
 	EventKeyUnblocked      = "key.unblocked"
+	// Model groups and deployments are platform objects (org_id ""). A
+	// deleted deployment is a security event (".deleted"): a removed
+	// upstream stops receiving traffic in every region at once.
+	EventModelGroupUpserted = "model_group.upserted"
+	EventModelGroupDeleted  = "model_group.deleted"
+	EventDeploymentUpserted = "deployment.upserted"
+	EventDeploymentDeleted  = "deployment.deleted"
 	// EventRegionPointer asks the publisher to rewrite a region's KV
 	// pointer (payload {"region":"<name>"}).
 	EventRegionPointer = "region.pointer"

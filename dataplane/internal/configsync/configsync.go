@@ -160,6 +160,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		s.resyncs.Add(1)
 		s.log.Warn("config sync restarting", "error", err)
+		if errors.Is(err, errReconnected) {
+			// Catch up at once: ticks already say the config is fresh.
+			backoff = 100 * time.Millisecond
+			continue
+		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(backoff):
@@ -173,11 +178,22 @@ func (s *Syncer) Run(ctx context.Context) error {
 	return nil
 }
 
-var errGap = errors.New("gap in the region's event stream")
+var (
+	errGap         = errors.New("gap in the region's event stream")
+	errReconnected = errors.New("reconnected to NATS")
+)
 
 // syncOnce watches the region pointer and follows the event stream until
 // something needs a fresh start.
 func (s *Syncer) syncOnce(ctx context.Context) error {
+	// A reconnect starts over with a fresh watch and consumer. Left to
+	// themselves, after a server restart (which loses their ephemeral
+	// consumers) the pointer watch recovers only when its heartbeats go
+	// missing (10 s) and the event consumer retries with a backoff from
+	// 1 s: seconds in which a block issued during the outage is not
+	// enforced although the tick already says the config is fresh.
+	reconnected := s.nc.StatusChanged(nats.CONNECTED)
+	defer s.nc.RemoveStatusListener(reconnected)
 	kv, err := s.js.KeyValue(ctx, wire.PointerBucket)
 	if err != nil {
 		return fmt.Errorf("pointer bucket: %w", err)
@@ -197,6 +213,8 @@ func (s *Syncer) syncOnce(ctx context.Context) error {
 			return nil
 		case err := <-restart:
 			return err
+		case <-reconnected:
+			return errReconnected
 		case e, ok := <-w.Updates():
 			if !ok {
 				return errors.New("pointer watch closed")

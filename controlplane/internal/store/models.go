@@ -1,0 +1,242 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/sluicegw/sluice/controlplane/internal/store/dbsqlc"
+)
+
+// ModelGroup is a name clients ask for; its deployments serve it. Model
+// groups and deployments are platform objects: they belong to no org.
+type ModelGroup struct {
+	Name        string
+	Description string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Capabilities is what requests a deployment can serve (stored as JSON in
+// deployments.capabilities).
+type Capabilities struct {
+	Tools           bool  `json:"tools,omitempty"`
+	JSONMode        bool  `json:"json_mode,omitempty"`
+	Vision          bool  `json:"vision,omitempty"`
+	MaxInputTokens  int64 `json:"max_input_tokens,omitempty"`
+	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+}
+
+// Deployment is one upstream engine of a model group. Its credential is
+// only ever held sealed by the key ring (CredentialCiphertext); the store
+// never sees the plaintext.
+type Deployment struct {
+	ID            string
+	ModelGroup    string
+	APIBase       string
+	UpstreamModel string
+	// CredentialCiphertext is keyring.Seal output ("v<N>:..."), nil for
+	// none.
+	CredentialCiphertext []byte
+	Weight               int32
+	MaxConcurrency       int64
+	Capabilities         Capabilities
+	Tags                 []string
+	// Prices in USD per token.
+	InputPrice       float64
+	OutputPrice      float64
+	CachedInputPrice float64
+	Free             bool
+	CreatedAt        time.Time
+	UpdatedAt        time.Time
+}
+
+func modelGroupFromRow(r dbsqlc.ModelGroup) ModelGroup {
+	return ModelGroup{Name: r.Name, Description: r.Description, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+}
+
+func deploymentFromRow(r dbsqlc.Deployment) (Deployment, error) {
+	d := Deployment{
+		ID: r.ID, ModelGroup: r.ModelGroup, APIBase: r.ApiBase, UpstreamModel: r.UpstreamModel,
+		CredentialCiphertext: r.CredentialCiphertext, Weight: r.Weight, MaxConcurrency: r.MaxConcurrency,
+		Tags: r.Tags, InputPrice: r.InputPrice, OutputPrice: r.OutputPrice, CachedInputPrice: r.CachedInputPrice,
+		Free: r.Free, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	if len(r.CredentialCiphertext) == 0 {
+		d.CredentialCiphertext = nil
+	}
+	if len(r.Capabilities) > 0 {
+		if err := json.Unmarshal(r.Capabilities, &d.Capabilities); err != nil {
+			return Deployment{}, fmt.Errorf("decode capabilities of deployment %s: %w", r.ID, err)
+		}
+	}
+	if d.Tags == nil {
+		d.Tags = []string{}
+	}
+	return d, nil
+}
+
+func deploymentsFromRows(rows []dbsqlc.Deployment) ([]Deployment, error) {
+	out := make([]Deployment, 0, len(rows))
+	for _, r := range rows {
+		d, err := deploymentFromRow(r)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func capabilitiesJSON(c Capabilities) []byte {
+	b, err := json.Marshal(c)
+	if err != nil {
+		panic(err) // a struct of bools and ints always marshals
+	}
+	return b
+}
+
+func tagsOrEmpty(t []string) []string {
+	if t == nil {
+		return []string{}
+	}
+	return t
+}
+
+// ModelGroupGet returns model group name.
+func (s *Store) ModelGroupGet(ctx context.Context, name string) (ModelGroup, error) {
+	r, err := s.q.ModelGroupGet(ctx, s.pool, name)
+	if err != nil {
+		return ModelGroup{}, orNotFound(err, "model group "+name)
+	}
+	return modelGroupFromRow(r), nil
+}
+
+// ModelGroupList returns a page of model groups in name order.
+func (s *Store) ModelGroupList(ctx context.Context, p Page) ([]ModelGroup, error) {
+	rows, err := s.q.ModelGroupList(ctx, s.pool, dbsqlc.ModelGroupListParams{AfterName: p.After, Lim: int32(p.Limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list model groups: %w", err)
+	}
+	out := make([]ModelGroup, len(rows))
+	for i, r := range rows {
+		out[i] = modelGroupFromRow(r)
+	}
+	return out, nil
+}
+
+// ModelGroupInsert creates g; CreatedAt/UpdatedAt are set to the
+// transaction time.
+func (t *Tx) ModelGroupInsert(ctx context.Context, g *ModelGroup) error {
+	g.CreatedAt, g.UpdatedAt = t.now, t.now
+	return translate(t.q.ModelGroupInsert(ctx, t.tx, dbsqlc.ModelGroupInsertParams{Name: g.Name, Description: g.Description, CreatedAt: t.now}))
+}
+
+// ModelGroupGetForUpdate returns model group name locked for the rest of
+// the transaction.
+func (t *Tx) ModelGroupGetForUpdate(ctx context.Context, name string) (ModelGroup, error) {
+	r, err := t.q.ModelGroupGetForUpdate(ctx, t.tx, name)
+	if err != nil {
+		return ModelGroup{}, orNotFound(err, "model group "+name)
+	}
+	return modelGroupFromRow(r), nil
+}
+
+// ModelGroupUpdate writes g's description.
+func (t *Tx) ModelGroupUpdate(ctx context.Context, g *ModelGroup) error {
+	g.UpdatedAt = t.now
+	return translate(t.q.ModelGroupUpdate(ctx, t.tx, dbsqlc.ModelGroupUpdateParams{Name: g.Name, Description: g.Description, UpdatedAt: t.now}))
+}
+
+// ModelGroupDelete deletes model group name. It fails with
+// ErrFailedPrecondition while the group has deployments.
+func (t *Tx) ModelGroupDelete(ctx context.Context, name string) error {
+	n, err := t.q.ModelGroupDeploymentCount(ctx, t.tx, name)
+	if err != nil {
+		return fmt.Errorf("count deployments of model group %s: %w", name, err)
+	}
+	if n > 0 {
+		return &Error{Code: ErrFailedPrecondition, Msg: fmt.Sprintf(
+			"model group %s still has %d deployments; delete them first", name, n)}
+	}
+	return translate(t.q.ModelGroupDelete(ctx, t.tx, name))
+}
+
+// ModelGroupGet returns model group name inside the transaction (without
+// locking it; inserting a deployment takes a key-share lock through the
+// foreign key).
+func (t *Tx) ModelGroupGet(ctx context.Context, name string) (ModelGroup, error) {
+	r, err := t.q.ModelGroupGet(ctx, t.tx, name)
+	if err != nil {
+		return ModelGroup{}, orNotFound(err, "model group "+name)
+	}
+	return modelGroupFromRow(r), nil
+}
+
+// DeploymentGet returns deployment id.
+func (s *Store) DeploymentGet(ctx context.Context, id string) (Deployment, error) {
+	r, err := s.q.DeploymentGet(ctx, s.pool, id)
+	if err != nil {
+		return Deployment{}, orNotFound(err, "deployment "+id)
+	}
+	return deploymentFromRow(r)
+}
+
+// DeploymentQuery filters DeploymentList.
+type DeploymentQuery struct {
+	// ModelGroup, when set, confines the list to one group.
+	ModelGroup string
+}
+
+// DeploymentList returns a page of deployments in id order.
+func (s *Store) DeploymentList(ctx context.Context, q DeploymentQuery, p Page) ([]Deployment, error) {
+	rows, err := s.q.DeploymentList(ctx, s.pool, dbsqlc.DeploymentListParams{
+		AfterID: p.After, ModelGroup: optStr(q.ModelGroup), Lim: int32(p.Limit),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list deployments: %w", err)
+	}
+	return deploymentsFromRows(rows)
+}
+
+// DeploymentInsert creates d; CreatedAt/UpdatedAt are set to the
+// transaction time.
+func (t *Tx) DeploymentInsert(ctx context.Context, d *Deployment) error {
+	d.CreatedAt, d.UpdatedAt = t.now, t.now
+	d.Tags = tagsOrEmpty(d.Tags)
+	return translate(t.q.DeploymentInsert(ctx, t.tx, dbsqlc.DeploymentInsertParams{
+		ID: d.ID, ModelGroup: d.ModelGroup, ApiBase: d.APIBase, UpstreamModel: d.UpstreamModel,
+		CredentialCiphertext: d.CredentialCiphertext, Weight: d.Weight, MaxConcurrency: d.MaxConcurrency,
+		Capabilities: capabilitiesJSON(d.Capabilities), Tags: d.Tags, InputPrice: d.InputPrice,
+		OutputPrice: d.OutputPrice, CachedInputPrice: d.CachedInputPrice, Free: d.Free, CreatedAt: t.now,
+	}))
+}
+
+// DeploymentGetForUpdate returns deployment id locked for the rest of the
+// transaction.
+func (t *Tx) DeploymentGetForUpdate(ctx context.Context, id string) (Deployment, error) {
+	r, err := t.q.DeploymentGetForUpdate(ctx, t.tx, id)
+	if err != nil {
+		return Deployment{}, orNotFound(err, "deployment "+id)
+	}
+	return deploymentFromRow(r)
+}
+
+// DeploymentUpdate writes every mutable field of d (its group and id never
+// change).
+func (t *Tx) DeploymentUpdate(ctx context.Context, d *Deployment) error {
+	d.UpdatedAt = t.now
+	d.Tags = tagsOrEmpty(d.Tags)
+	return translate(t.q.DeploymentUpdate(ctx, t.tx, dbsqlc.DeploymentUpdateParams{
+		ID: d.ID, ApiBase: d.APIBase, UpstreamModel: d.UpstreamModel,
+		CredentialCiphertext: d.CredentialCiphertext, Weight: d.Weight, MaxConcurrency: d.MaxConcurrency,
+		Capabilities: capabilitiesJSON(d.Capabilities), Tags: d.Tags, InputPrice: d.InputPrice,
+		OutputPrice: d.OutputPrice, CachedInputPrice: d.CachedInputPrice, Free: d.Free, UpdatedAt: t.now,
+	}))
+}
+
+// DeploymentDelete deletes deployment id.
+func (t *Tx) DeploymentDelete(ctx context.Context, id string) error {
+	return translate(t.q.DeploymentDelete(ctx, t.tx, id))
+}
