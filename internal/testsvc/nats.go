@@ -3,6 +3,8 @@ package testsvc
 import (
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -74,5 +76,23 @@ func (n *NATSServer) Stop() {
 		n.srv.Shutdown()
 		n.srv.WaitForShutdown()
 		n.srv = nil
+	}
+}
+
+// Wipe deletes the server's JetStream store; call it while stopped to
+// simulate a NATS server that lost its data (or a brand-new one).
+func (n *NATSServer) Wipe() {
+	n.t.Helper()
+	if n.srv != nil {
+		n.t.Fatal("Wipe needs a stopped server")
+	}
+	entries, err := os.ReadDir(n.opts.StoreDir)
+	if err != nil {
+		n.t.Fatalf("wipe nats store: %v", err)
+	}
+	for _, e := range entries {
+		if err := os.RemoveAll(filepath.Join(n.opts.StoreDir, e.Name())); err != nil {
+			n.t.Fatalf("wipe nats store: %v", err)
+		}
 	}
 }

@@ -349,12 +349,77 @@ func (p *Publisher) needsInitialCompile(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	need := false
 	for _, r := range regions {
 		if r.CurrentVersion == 0 {
-			return true, nil
+			need = true
+		}
+		lost, err := p.realignStream(ctx, r)
+		if err != nil {
+			return false, err
+		}
+		if lost {
+			need = true
 		}
 	}
-	return false, nil
+	// NATS may have lost the buckets' contents (a new server, a wiped
+	// store): every region needs a pointer to a snapshot that exists.
+	kv, err := p.js.KeyValue(ctx, wire.PointerBucket)
+	if err != nil {
+		return false, fmt.Errorf("pointer bucket: %w", err)
+	}
+	obs, err := p.js.ObjectStore(ctx, wire.SnapshotBucket)
+	if err != nil {
+		return false, fmt.Errorf("snapshot bucket: %w", err)
+	}
+	for _, r := range regions {
+		e, err := kv.Get(ctx, wire.PointerKey(r.Name))
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			need = true
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("read pointer of region %s: %w", r.Name, err)
+		}
+		ptr := &configv1.SnapshotPointer{}
+		if proto.Unmarshal(e.Value(), ptr) != nil {
+			need = true
+			continue
+		}
+		if _, err := obs.GetInfo(ctx, ptr.GetObject()); errors.Is(err, jetstream.ErrObjectNotFound) {
+			need = true
+		} else if err != nil {
+			return false, fmt.Errorf("check snapshot object %s: %w", ptr.GetObject(), err)
+		}
+	}
+	if need {
+		p.log.Warn("compiling a fresh snapshot at start: NATS lacks a region's pointer, snapshot or events")
+	}
+	return need, nil
+}
+
+// realignStream handles a region stream that is behind the database's
+// position (NATS lost data, or a new NATS server): it moves the stream's
+// next sequence to the database's position + 1 so appends continue, and
+// reports true so a fresh snapshot covers whatever was lost.
+func (p *Publisher) realignStream(ctx context.Context, r store.RegionState) (bool, error) {
+	st, err := p.js.Stream(ctx, wire.EventStream(r.Name))
+	if err != nil {
+		return false, fmt.Errorf("event stream of region %s: %w", r.Name, err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("event stream of region %s: %w", r.Name, err)
+	}
+	if info.State.LastSeq >= uint64(r.RegionSeq) {
+		return false, nil
+	}
+	p.log.Warn("region event stream is behind the database; realigning (NATS lost data?)",
+		"region", r.Name, "stream_last_seq", info.State.LastSeq, "region_seq", r.RegionSeq)
+	if err := st.Purge(ctx, jetstream.WithPurgeSequence(uint64(r.RegionSeq)+1)); err != nil {
+		return false, fmt.Errorf("realign event stream of region %s: %w", r.Name, err)
+	}
+	return true, nil
 }
 
 // publishAll publishes every pending outbox row. It reports whether any
