@@ -41,7 +41,7 @@ func build(t testing.TB, keys ...*configv1.Key) *Catalog {
 	t.Helper()
 	c, err := FromSnapshot(&configv1.Snapshot{
 		Version: 1, Orgs: []*configv1.Org{{Id: "org_a"}}, Teams: []*configv1.Team{{Id: "team_a", OrgId: "org_a"}},
-		Users: []*configv1.User{{Id: "user_a", OrgId: "org_a"}},
+		Users:   []*configv1.User{{Id: "user_a", OrgId: "org_a"}},
 		Members: []*configv1.Member{{TeamId: "team_a", UserId: "user_a", OrgId: "org_a"}}, Keys: keys,
 	}, 0, nil)
 	require.NoError(t, err)

@@ -96,7 +96,7 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 	c := &Catalog{
 		open: open, groups: make(map[string]*configv1.ModelGroup, len(s.ModelGroups)),
 		deployments: make(map[string]*Deployment, len(s.Deployments)),
-		Version: s.GetVersion(), EventsSeq: s.GetEventsSeq(), RegionSeq: regionSeq, CreatedAt: s.GetCreatedAt().AsTime(),
+		Version:     s.GetVersion(), EventsSeq: s.GetEventsSeq(), RegionSeq: regionSeq, CreatedAt: s.GetCreatedAt().AsTime(),
 		orgs: make(map[string]*configv1.Org, len(s.Orgs)), teams: make(map[string]*configv1.Team, len(s.Teams)),
 		users: make(map[string]*configv1.User, len(s.Users)), members: make(map[memberKey]*configv1.Member, len(s.Members)),
 		customers: make(map[string]*configv1.Customer, len(s.Customers)), keys: make(map[string]*configv1.Key, len(s.Keys)),
