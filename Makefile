@@ -63,3 +63,7 @@ bench: services
 bench-distribution: services
 	$(GO) test -run '^$$' -bench '^BenchmarkRevocation$$' -benchtime 100x -count 1 -timeout 20m ./dataplane/
 	$(GO) test -run '^$$' -bench '^BenchmarkScale100kKeys$$' -benchtime 5x -count 1 -timeout 20m ./dataplane/
+
+## bench-proxy: proxy overhead in one run: direct vs httputil.ReverseProxy vs Sluice (docs/proxy.md).
+bench-proxy: services
+	$(GO) test -run '^$$' -bench BenchmarkProxyOverhead -benchtime 1x -timeout 10m -v ./dataplane/
