@@ -37,6 +37,12 @@ const (
 	DefaultNATSURL      = "nats://127.0.0.1:4222"
 	DefaultRegion       = "default"
 	DefaultMaxStaleness = 60 * time.Second
+	// DefaultMaxBodyBytes bounds OpenAI request bodies (413 above).
+	DefaultMaxBodyBytes = apiproxy.DefaultMaxBodyBytes
+	// DefaultRequestTimeout is the total deadline of one OpenAI request.
+	DefaultRequestTimeout = apiproxy.DefaultRequestTimeout
+	// DefaultMaxRetries is how many other deployments a request may try.
+	DefaultMaxRetries = apiproxy.DefaultMaxRetries
 	// DefaultUsageBufferSize is the in-memory usage-event buffer (events).
 	DefaultUsageBufferSize = usage.DefaultBufferSize
 	// StalePolicyReject answers 503 stale_config once the configuration is

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats-server/v2/server"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/sluicegw/sluice/controlplane"
 	"github.com/sluicegw/sluice/dataplane"
@@ -116,11 +117,12 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	}()
 
 	adminURL := "http://" + cp.Addr()
-	st, err := seedDemo(ctx, adminURL, sec.AdminToken)
-	st.ProxyURL, st.NATSURL, st.Engines = "http://"+dp.Addr(), natsURL, map[string]string{}
+	engineURLs := map[string]string{}
 	for name, e := range engines {
-		st.Engines[name] = e.URL()
+		engineURLs[name] = e.URL()
 	}
+	st, err := seedDemo(ctx, adminURL, sec.AdminToken, engineURLs)
+	st.ProxyURL, st.NATSURL, st.Engines = "http://"+dp.Addr(), natsURL, engineURLs
 	if err != nil {
 		cancel()
 		<-errc
@@ -135,7 +137,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 Sluice dev is running.
 
   admin API    %s   (Connect RPC; JSON over HTTP/1.1 or h2c)
-  proxy        %s   (data plane, region "default"; key check: GET /v1/auth/check)
+  proxy        %s   (OpenAI API, data plane of region "default")
   engines      interactive=%s  agents=%s   (vllm-sim)
   nats         %s   (embedded, JetStream)
   admin token  %s   (platform admin; from SLUICE_ADMIN_TOKEN or .sluice/dev-secrets.json)
@@ -150,13 +152,14 @@ Try it:
   go run ./cmd/sluicectl login --server %s --token %s
   go run ./cmd/sluicectl key list
 
-  curl -s -H 'Authorization: Bearer %s' %s/v1/auth/check
+  curl -s %s/v1/chat/completions -H 'Authorization: Bearer %s' \
+    -H 'Content-Type: application/json' \
+    -d '{"model":"%s","messages":[{"role":"user","content":"Hello!"}],"max_tokens":32}'
 
-The proxy authenticates keys from the distributed configuration; the
-OpenAI endpoints that route to the engines come with the proxy issue.
+The agent key asks for the same model and lands on the agents engine.
 Press Ctrl-C to stop.
 `, adminURL, st.ProxyURL, st.Engines["interactive"], st.Engines["agents"], natsURL, st.AdminToken, st.OrgID, st.Keys["human"], st.Keys["agent"], *stateFile,
-		st.AdminToken, adminURL, adminURL, st.AdminToken, st.Keys["human"], st.ProxyURL)
+		st.AdminToken, adminURL, adminURL, st.AdminToken, st.ProxyURL, st.Keys["human"], devModel)
 	return <-errc
 }
 
@@ -279,14 +282,18 @@ func (b bearerAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) conn
 // seedDemo creates (or finds) the demo org, team, users and keys through
 // the admin API, like any client would. Keys that exist are rotated so the
 // printed tokens are valid.
-func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error) {
+func seedDemo(ctx context.Context, adminURL, adminToken string, engines map[string]string) (devState, error) {
 	hc := &http.Client{Timeout: 30 * time.Second}
 	opt := connect.WithInterceptors(bearerAuth(adminToken))
 	orgs := adminv1connect.NewOrgServiceClient(hc, adminURL, opt)
 	teams := adminv1connect.NewTeamServiceClient(hc, adminURL, opt)
 	users := adminv1connect.NewUserServiceClient(hc, adminURL, opt)
 	keys := adminv1connect.NewKeyServiceClient(hc, adminURL, opt)
+	models := adminv1connect.NewModelServiceClient(hc, adminURL, opt)
 	st := devState{AdminURL: adminURL, AdminToken: adminToken, Keys: map[string]string{}}
+	if err := seedModels(ctx, models, engines); err != nil {
+		return st, err
+	}
 
 	ol, err := orgs.ListOrgs(ctx, connect.NewRequest(&adminv1.ListOrgsRequest{NamePrefix: "demo"}))
 	if err != nil {
@@ -351,9 +358,13 @@ func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error
 		alias, user string
 		class       adminv1.TrafficClass
 		limits      *adminv1.Limits
+		aliases     map[string]string
 	}{
-		{"human", "alice@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_INTERACTIVE, &adminv1.Limits{RpmLimit: proto.Int64(60)}},
-		{"agent", "build-agent@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_AGENT, &adminv1.Limits{MaxParallelRequests: proto.Int64(8)}},
+		{"human", "alice@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_INTERACTIVE, &adminv1.Limits{RpmLimit: proto.Int64(60)}, nil},
+		// The agent key asks for the same model name but is routed to the
+		// agents pool: the credential decides, not the client.
+		{"agent", "build-agent@demo.example", adminv1.TrafficClass_TRAFFIC_CLASS_AGENT, &adminv1.Limits{MaxParallelRequests: proto.Int64(8)},
+			map[string]string{devModel: devModel + "-agents"}},
 	}
 	for _, k := range demoKeys {
 		kl, err := keys.ListKeys(ctx, connect.NewRequest(&adminv1.ListKeysRequest{OrgId: st.OrgID, TeamId: st.TeamID, AliasPrefix: k.alias}))
@@ -376,6 +387,7 @@ func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error
 		}
 		r, err := keys.CreateKey(ctx, connect.NewRequest(&adminv1.CreateKeyRequest{
 			OrgId: st.OrgID, TeamId: st.TeamID, UserId: userIDs[k.user], Alias: k.alias, TrafficClass: k.class, Limits: k.limits,
+			ModelGroupAliases: k.aliases,
 		}))
 		if err != nil {
 			return st, err
@@ -383,6 +395,49 @@ func seedDemo(ctx context.Context, adminURL, adminToken string) (devState, error
 		st.Keys[k.alias] = r.Msg.Token
 	}
 	return st, nil
+}
+
+// devModel is the model name the demo serves.
+const devModel = "qwen-30b"
+
+// seedModels creates the demo model groups and points one deployment of
+// each at its simulated engine (updating api_base when the engine moved).
+func seedModels(ctx context.Context, models adminv1connect.ModelServiceClient, engines map[string]string) error {
+	for group, engine := range map[string]string{devModel: "interactive", devModel + "-agents": "agents"} {
+		if _, err := models.GetModelGroup(ctx, connect.NewRequest(&adminv1.GetModelGroupRequest{Name: group})); connect.CodeOf(err) == connect.CodeNotFound {
+			if _, err := models.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{
+				Name: group, Description: "demo group served by the " + engine + " vllm-sim engine"})); err != nil {
+				return err
+			}
+		} else if err != nil {
+			return err
+		}
+		apiBase := engines[engine] + "/v1"
+		dl, err := models.ListDeployments(ctx, connect.NewRequest(&adminv1.ListDeploymentsRequest{ModelGroup: group}))
+		if err != nil {
+			return err
+		}
+		if len(dl.Msg.Deployments) > 0 {
+			d := dl.Msg.Deployments[0]
+			if d.ApiBase != apiBase {
+				if _, err := models.UpdateDeployment(ctx, connect.NewRequest(&adminv1.UpdateDeploymentRequest{
+					Deployment: &adminv1.Deployment{Id: d.Id, ApiBase: apiBase},
+					UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"api_base"}},
+				})); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if _, err := models.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{
+			ModelGroup: group, ApiBase: apiBase, UpstreamModel: vllmsim.DefaultModel, Weight: 1, MaxConcurrency: 64,
+			Capabilities: &adminv1.Capabilities{Tools: true, JsonMode: true, MaxInputTokens: 32768, MaxOutputTokens: 4096},
+			Prices:       &adminv1.Prices{InputPerToken: 0.0000002, OutputPerToken: 0.0000006},
+		})); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // startDevNATS runs an embedded NATS server with JetStream on loopback.

@@ -26,9 +26,19 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	spoolDir := fs.String("usage-spool-dir", envOr(getenv, "SLUICE_USAGE_SPOOL_DIR", ""),
 		"directory where usage events wait when the buffer is full or NATS is away; one per instance, persistent to survive restarts (default: a new temporary directory) (SLUICE_USAGE_SPOOL_DIR)")
 	bufSize := fs.Int("usage-buffer-size", dataplane.DefaultUsageBufferSize, "usage events buffered in memory before spooling to disk")
+	defTimeout, err := durationEnv(getenv, "SLUICE_REQUEST_TIMEOUT", dataplane.DefaultRequestTimeout)
+	if err != nil {
+		return err
+	}
+	maxBody := fs.Int64("max-body-bytes", dataplane.DefaultMaxBodyBytes, "largest OpenAI request body; larger answers 413 request_too_large")
+	timeout := fs.Duration("request-timeout", defTimeout, "total deadline of one OpenAI request across all attempts, streaming included (SLUICE_REQUEST_TIMEOUT)")
+	retries := fs.Int("max-retries", dataplane.DefaultMaxRetries, "other deployments a request may try after a connect error or 502/503/504 before the first byte (0: none)")
 	level, format := logFlags(fs, getenv, "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *retries == 0 {
+		*retries = -1 // the data plane reads 0 as "default"
 	}
 	log, err := newLogger(stderr, *level, *format)
 	if err != nil {
@@ -46,6 +56,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		Region: *region, InstanceID: *instance, NATSURL: *natsURL, Addr: *addr, MaxStaleness: *maxStale,
 		StalePolicy: *policy, KeyPepper: pepper, KEK: kek, Logger: log,
 		UsageSpoolDir: *spoolDir, UsageBufferSize: *bufSize,
+		MaxBodyBytes: *maxBody, RequestTimeout: *timeout, MaxRetries: *retries,
 	})
 	if err != nil {
 		return err

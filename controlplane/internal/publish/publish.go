@@ -230,12 +230,16 @@ func (p *Publisher) lead(ctx context.Context) error {
 	p.mu.Unlock()
 
 	var dirtySince, lastChange time.Time
-	if need, err := p.needsInitialCompile(ctx); err != nil {
+	need, err := p.needsInitialCompile(ctx)
+	if err != nil {
 		return err
-	} else if need {
+	}
+	if need {
 		dirtySince, lastChange = time.Now(), time.Now().Add(-p.cfg.Debounce)
 	}
-	refreshPointers := true
+	// With a compile pending, pointers are written after it: the recorded
+	// versions may point at snapshots NATS no longer has.
+	refreshPointers := !need
 	for {
 		changed, pointerRegions, err := p.publishAll(ctx)
 		if err != nil {
@@ -247,7 +251,8 @@ func (p *Publisher) lead(ctx context.Context) error {
 			}
 			lastChange = time.Now()
 		}
-		if !dirtySince.IsZero() && (time.Since(lastChange) >= p.cfg.Debounce || time.Since(dirtySince) >= p.cfg.MaxDelay) {
+		if need || !dirtySince.IsZero() && (time.Since(lastChange) >= p.cfg.Debounce || time.Since(dirtySince) >= p.cfg.MaxDelay) {
+			need = false
 			if err := p.compile(ctx); err != nil {
 				return err
 			}
