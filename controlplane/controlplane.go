@@ -220,8 +220,11 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		pool.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
 	}
+	mets := newMetrics(pool, pub, spendConsumer)
 	mux := http.NewServeMux()
-	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken, KeyRing: ring, Logger: log}))
+	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken,
+		KeyRing: ring, Logger: log, Observe: mets.observe}))
+	mux.Handle("GET /metrics", mets.handler())
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)

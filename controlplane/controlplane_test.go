@@ -71,6 +71,18 @@ func TestNewRefusesOutOfDateSchema(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	require.Contains(t, string(body), `"principal":"bootstrap"`)
+	// Metrics count the call and show the publisher.
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + cp.Addr() + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		m, _ := io.ReadAll(resp.Body)
+		return strings.Contains(string(m), `sluice_control_admin_requests_total{code="ok",method="WhoAmI",service="AdminTokenService"} 1`) &&
+			strings.Contains(string(m), "sluice_control_publisher_leader 1") &&
+			strings.Contains(string(m), "sluice_control_snapshots_compiled_total 1")
+	}, 10*time.Second, 50*time.Millisecond)
 	cancel()
 	select {
 	case err := <-done:

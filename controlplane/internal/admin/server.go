@@ -37,6 +37,9 @@ type Options struct {
 	// stored (SLUICE_KEK); nil refuses to store credentials.
 	KeyRing *keyring.Ring
 	Logger  *slog.Logger
+	// Observe, if set, is called once per RPC with its procedure, Connect
+	// code ("ok" on success) and duration (for metrics).
+	Observe func(procedure, code string, d time.Duration)
 }
 
 // Server implements every admin service.
@@ -46,11 +49,12 @@ type Server struct {
 	bootstrap string
 	keys      *keyring.Ring
 	log       *slog.Logger
+	observe   func(procedure, code string, d time.Duration)
 }
 
 // NewHandler returns the admin API as one http.Handler (all services).
 func NewHandler(o Options) http.Handler {
-	s := &Server{store: o.Store, peppers: o.Peppers, bootstrap: o.BootstrapToken, keys: o.KeyRing, log: o.Logger}
+	s := &Server{store: o.Store, peppers: o.Peppers, bootstrap: o.BootstrapToken, keys: o.KeyRing, log: o.Logger, observe: o.Observe}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -133,6 +137,13 @@ func (s *Server) interceptor() connect.UnaryInterceptorFunc {
 				attrs = append(attrs, "code", "ok")
 			}
 			s.log.InfoContext(ctx, "admin rpc", attrs...)
+			if s.observe != nil {
+				code := "ok"
+				if cerr != nil {
+					code = cerr.Code().String()
+				}
+				s.observe(procedure, code, time.Since(start))
+			}
 			if cerr != nil {
 				return nil, cerr
 			}

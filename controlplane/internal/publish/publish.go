@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,12 +43,14 @@ import (
 
 // Defaults.
 const (
-	DefaultDebounce        = 150 * time.Millisecond
-	DefaultMaxDelay        = 2 * time.Second
-	DefaultPollInterval    = 500 * time.Millisecond
-	DefaultTickInterval    = time.Second
-	DefaultStreamMaxAge    = 7 * 24 * time.Hour
-	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultDebounce     = 150 * time.Millisecond
+	DefaultMaxDelay     = 2 * time.Second
+	DefaultPollInterval = 500 * time.Millisecond
+	DefaultTickInterval = time.Second
+	// DefaultSnapshotInterval bounds the age of the newest snapshot.
+	DefaultSnapshotInterval = 15 * time.Minute
+	DefaultStreamMaxAge     = 7 * 24 * time.Hour
+	DefaultDuplicateWindow  = 2 * time.Minute
 	// UsageStreamMaxAge is how long usage events wait in SLUICE_USAGE for
 	// the spend consumer: the longest Postgres outage the ledger survives.
 	UsageStreamMaxAge = 7 * 24 * time.Hour
@@ -68,6 +71,10 @@ type Config struct {
 	// changes within it are folded in), up to MaxDelay after the first.
 	Debounce time.Duration
 	MaxDelay time.Duration
+	// SnapshotInterval compiles a fresh snapshot at least this often even
+	// without changes, so a data plane never replays a long event history
+	// and expired grace hashes leave the snapshot (default 15 min).
+	SnapshotInterval time.Duration
 	// PollInterval bounds how long a change waits if a notification is
 	// lost.
 	PollInterval time.Duration
@@ -93,6 +100,9 @@ func (c *Config) defaults() {
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
 	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = DefaultSnapshotInterval
+	}
 	if c.TickInterval == 0 {
 		c.TickInterval = DefaultTickInterval
 	}
@@ -116,6 +126,11 @@ type Publisher struct {
 	js    jetstream.JetStream
 	log   *slog.Logger
 
+	eventsPublished, compiles, compileErrors, heartbeats atomic.Int64
+	lastVersion                                          atomic.Int64
+	lastCompileNanos                                     atomic.Int64
+	lastSnapshotBytes                                    atomic.Int64
+
 	mu       sync.Mutex
 	leader   bool
 	pointers map[string]*configv1.SnapshotPointer // last written per region
@@ -129,6 +144,25 @@ func New(cfg Config, st *store.Store, pool *pgxpool.Pool, nc *nats.Conn) (*Publi
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
 	return &Publisher{cfg: cfg, store: st, pool: pool, nc: nc, js: js, log: cfg.Logger, pointers: map[string]*configv1.SnapshotPointer{}}, nil
+}
+
+// Stats are the publisher's counters for metrics.
+type Stats struct {
+	Leader            bool
+	EventsPublished   int64 // region events appended (one per region per change)
+	Compiles          int64
+	CompileErrors     int64
+	Heartbeats        int64 // data-plane heartbeats recorded
+	LastVersion       int64 // last snapshot version compiled here
+	LastCompile       time.Duration
+	LastSnapshotBytes int64
+}
+
+// Stats returns the counters.
+func (p *Publisher) Stats() Stats {
+	return Stats{Leader: p.IsLeader(), EventsPublished: p.eventsPublished.Load(), Compiles: p.compiles.Load(),
+		CompileErrors: p.compileErrors.Load(), Heartbeats: p.heartbeats.Load(), LastVersion: p.lastVersion.Load(),
+		LastCompile: time.Duration(p.lastCompileNanos.Load()), LastSnapshotBytes: p.lastSnapshotBytes.Load()}
 }
 
 // IsLeader reports whether this replica currently publishes.
@@ -237,6 +271,7 @@ func (p *Publisher) lead(ctx context.Context) error {
 	if need {
 		dirtySince, lastChange = time.Now(), time.Now().Add(-p.cfg.Debounce)
 	}
+	lastCompile := time.Now()
 	// With a compile pending, pointers are written after it: the recorded
 	// versions may point at snapshots NATS no longer has.
 	refreshPointers := !need
@@ -251,11 +286,14 @@ func (p *Publisher) lead(ctx context.Context) error {
 			}
 			lastChange = time.Now()
 		}
-		if need || !dirtySince.IsZero() && (time.Since(lastChange) >= p.cfg.Debounce || time.Since(dirtySince) >= p.cfg.MaxDelay) {
+		periodic := time.Since(lastCompile) >= p.cfg.SnapshotInterval
+		if need || periodic || !dirtySince.IsZero() && (time.Since(lastChange) >= p.cfg.Debounce || time.Since(dirtySince) >= p.cfg.MaxDelay) {
 			need = false
 			if err := p.compile(ctx); err != nil {
+				p.compileErrors.Add(1)
 				return err
 			}
+			lastCompile = time.Now()
 			dirtySince = time.Time{}
 			refreshPointers = true
 		}
@@ -467,6 +505,7 @@ func (p *Publisher) publishAll(ctx context.Context) (bool, map[string]bool, erro
 						return nil, fmt.Errorf("publish event %d to region %s: %w", row.Seq, r.Name, err)
 					}
 					seqs[r.Name] = next
+					p.eventsPublished.Add(1)
 				}
 			}
 			return seqs, nil
@@ -672,6 +711,10 @@ func (p *Publisher) compile(ctx context.Context) error {
 	}, seqs); err != nil {
 		return err
 	}
+	p.compiles.Add(1)
+	p.lastVersion.Store(v)
+	p.lastCompileNanos.Store(int64(time.Since(start)))
+	p.lastSnapshotBytes.Store(int64(len(body)))
 	p.log.Info("compiled snapshot", "version", v, "events_seq", st.EventsSeq, "keys", len(snap.Keys), "deployments", len(snap.Deployments),
 		"size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
 	return nil
@@ -762,6 +805,7 @@ func (p *Publisher) heartbeatLoop(ctx context.Context) {
 				p.log.Warn("undecodable heartbeat", "subject", m.Subject)
 				continue
 			}
+			p.heartbeats.Add(1)
 			if err := p.cfg.OnHeartbeat(ctx, hb); err != nil && ctx.Err() == nil {
 				p.log.Warn("heartbeat not recorded", "instance", hb.GetInstanceId(), "error", err)
 			}
