@@ -1,8 +1,20 @@
-// Command sluicectl is the command-line client of the Sluice admin API:
-// contexts with tenant-scoped admin tokens, create/get/list/update/delete
-// of orgs, teams, members, users, keys, customers and admin tokens, key
-// rotation, block/unblock, the audit trail, and the data-plane fleet,
-// regions and per-region rollout of config versions. See docs/sluicectl.md.
+// Command sluicectl is the command-line client of the Sluice admin API
+// (Connect RPC, sluice.admin.v1). Its command groups:
+//
+//   - login, context, whoami: saved contexts (server and tenant-scoped
+//     admin token) and the identity in use;
+//   - org, team, member, user, key, customer, token: create, get, list,
+//     update and delete of the tenancy objects and admin tokens; block and
+//     unblock; key rotation with a grace period;
+//   - audit: list and verify the hash-chained audit trail;
+//   - spend: spend totals per scope and per-request ledger records;
+//   - model-group, deployment: model groups and their upstream deployments
+//     (prices, capabilities, credentials);
+//   - region, rollout, fleet: rollout policy per region, promotion and
+//     rollback of config versions, and the data-plane fleet from its
+//     heartbeats.
+//
+// Output is a table, JSON or YAML (-o). See docs/sluicectl.md.
 package main
 
 import (

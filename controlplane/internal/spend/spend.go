@@ -191,9 +191,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 // fetchOnce fetches and records one batch. It reports whether the round
 // trip worked (an empty batch is fine).
 func (c *Consumer) fetchOnce(ctx context.Context, cons jetstream.Consumer) (bool, error) {
-	// The fetch ends after FetchWait (a partial batch is fine) or when ctx
-	// is done, whichever is first.
-	fctx, cancel := context.WithTimeout(ctx, c.cfg.FetchWait)
+	// The fetch ends after FetchWait (a partial batch is fine). It is not
+	// cut short by shutdown: messages the server already handed to a
+	// cancelled fetch would wait out AckWait before anyone else got them.
+	// A batch in hand is recorded and acknowledged before Run returns.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.FetchWait)
 	defer cancel()
 	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchContext(fctx))
 	if err != nil {
@@ -235,7 +237,7 @@ func (c *Consumer) record(ctx context.Context, msgs []jetstream.Msg) error {
 	if len(logs) == 0 {
 		return nil
 	}
-	tctx, cancel := context.WithTimeout(ctx, c.cfg.TxTimeout)
+	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TxTimeout)
 	res, err := c.store.SpendRecord(tctx, logs)
 	cancel()
 	if err != nil {

@@ -26,6 +26,10 @@ import (
 
 type memberKey struct{ team, user string }
 
+// customerKey names an end customer the way requests do: the key's org
+// and the external id the client sends (x-sluice-end-user).
+type customerKey struct{ org, externalID string }
+
 // hashEntry points a token hash at a key.
 type hashEntry struct {
 	keyID         string
@@ -49,8 +53,12 @@ type Catalog struct {
 	users     map[string]*configv1.User
 	members   map[memberKey]*configv1.Member
 	customers map[string]*configv1.Customer
-	keys      map[string]*configv1.Key
-	byHash    map[string]hashEntry
+	// byExternal indexes the customers map by (org, external id), unique
+	// per org in the control plane; it is updated with every change of
+	// customers, copy-on-write like the other maps.
+	byExternal map[customerKey]*configv1.Customer
+	keys       map[string]*configv1.Key
+	byHash     map[string]hashEntry
 
 	groups      map[string]*configv1.ModelGroup
 	deployments map[string]*Deployment
@@ -100,7 +108,8 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 		orgs: make(map[string]*configv1.Org, len(s.Orgs)), teams: make(map[string]*configv1.Team, len(s.Teams)),
 		users: make(map[string]*configv1.User, len(s.Users)), members: make(map[memberKey]*configv1.Member, len(s.Members)),
 		customers: make(map[string]*configv1.Customer, len(s.Customers)), keys: make(map[string]*configv1.Key, len(s.Keys)),
-		byHash: make(map[string]hashEntry, len(s.Keys)),
+		byExternal: make(map[customerKey]*configv1.Customer, len(s.Customers)),
+		byHash:     make(map[string]hashEntry, len(s.Keys)),
 	}
 	for _, o := range s.Orgs {
 		c.orgs[o.GetId()] = o
@@ -115,7 +124,7 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 		c.members[memberKey{m.GetTeamId(), m.GetUserId()}] = m
 	}
 	for _, cu := range s.Customers {
-		c.customers[cu.GetId()] = cu
+		c.putCustomer(c.customers[cu.GetId()], cu)
 	}
 	for _, g := range s.ModelGroups {
 		c.groups[g.GetName()] = g
@@ -134,6 +143,29 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 		indexKey(c.byHash, k)
 	}
 	return c, nil
+}
+
+func customerKeyOf(cu *configv1.Customer) customerKey {
+	return customerKey{cu.GetOrgId(), cu.GetExternalId()}
+}
+
+// putCustomer sets cu in n's customer maps, which must be n's own copies,
+// dropping the index entry of the version it replaces (old, if any).
+func (n *Catalog) putCustomer(old, cu *configv1.Customer) {
+	if old != nil {
+		n.dropCustomerIndex(old)
+	}
+	n.customers[cu.GetId()] = cu
+	n.byExternal[customerKeyOf(cu)] = cu
+}
+
+// dropCustomerIndex removes old's index entry if it still points at old's
+// id (another customer may have taken the external id since).
+func (n *Catalog) dropCustomerIndex(old *configv1.Customer) {
+	k := customerKeyOf(old)
+	if cur := n.byExternal[k]; cur != nil && cur.GetId() == old.GetId() {
+		delete(n.byExternal, k)
+	}
 }
 
 func indexKey(byHash map[string]hashEntry, k *configv1.Key) {
@@ -210,11 +242,14 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 		n.members = maps.Clone(c.members)
 		delete(n.members, memberKey{ch.MemberDeleted.GetTeamId(), ch.MemberDeleted.GetUserId()})
 	case *configv1.Event_Customer:
-		n.customers = maps.Clone(c.customers)
-		n.customers[ch.Customer.GetId()] = ch.Customer
+		n.customers, n.byExternal = maps.Clone(c.customers), maps.Clone(c.byExternal)
+		n.putCustomer(c.customers[ch.Customer.GetId()], ch.Customer)
 	case *configv1.Event_CustomerDeleted:
-		n.customers = maps.Clone(c.customers)
-		delete(n.customers, ch.CustomerDeleted)
+		if old := c.customers[ch.CustomerDeleted]; old != nil {
+			n.customers, n.byExternal = maps.Clone(c.customers), maps.Clone(c.byExternal)
+			n.dropCustomerIndex(old)
+			delete(n.customers, ch.CustomerDeleted)
+		}
 	case *configv1.Event_Key:
 		if len(ch.Key.GetHash()) != 32 {
 			return nil, fmt.Errorf("key %s has a %d-byte hash, want 32", ch.Key.GetId(), len(ch.Key.GetHash()))
@@ -276,8 +311,8 @@ func (n *Catalog) applyBlock(c *Catalog, b *configv1.BlockChange) error {
 		}
 	case "customer":
 		if cu := c.customers[id]; cu != nil {
-			n.customers = maps.Clone(c.customers)
-			n.customers[id] = &configv1.Customer{Id: cu.Id, OrgId: cu.OrgId, ExternalId: cu.ExternalId, Limits: cu.Limits, Blocked: blocked}
+			n.customers, n.byExternal = maps.Clone(c.customers), maps.Clone(c.byExternal)
+			n.putCustomer(cu, &configv1.Customer{Id: cu.Id, OrgId: cu.OrgId, ExternalId: cu.ExternalId, Limits: cu.Limits, Blocked: blocked})
 		}
 	case "key":
 		if k := c.keys[id]; k != nil {
@@ -408,6 +443,14 @@ func (c *Catalog) Equal(o *Catalog) error {
 		}
 	}
 	return eqMaps("key", c.keys, o.keys)
+}
+
+// Customer returns the end customer of org orgID whose external id (the
+// x-sluice-end-user value) is externalID, or nil when the org has no such
+// customer. Unknown customers are not an error: the header is for
+// attribution, and only a known, blocked customer is refused.
+func (c *Catalog) Customer(orgID, externalID string) *configv1.Customer {
+	return c.byExternal[customerKey{orgID, externalID}]
 }
 
 // HasModelGroup reports whether the model group exists.

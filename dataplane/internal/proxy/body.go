@@ -121,11 +121,20 @@ func (r *request) interpret() *Error {
 	if isNull(mv) {
 		return parseError(CodeMissingRequiredParam, "model", "you must provide a model parameter")
 	}
-	if err := json.Unmarshal(mv, &r.model); err != nil || r.model == "" {
+	if s, ok := plainString(mv); ok {
+		r.model = s
+	} else if err := json.Unmarshal(mv, &r.model); err != nil {
+		return parseError(CodeInvalidParameter, "model", "model must be a non-empty string")
+	}
+	if r.model == "" {
 		return parseError(CodeInvalidParameter, "model", "model must be a non-empty string")
 	}
 	if v := r.value("stream"); !isNull(v) {
-		if err := json.Unmarshal(v, &r.stream); err != nil {
+		switch string(v) {
+		case "true":
+			r.stream = true
+		case "false":
+		default:
 			return parseError(CodeInvalidParameter, "stream", "stream must be a boolean")
 		}
 	}
@@ -143,8 +152,13 @@ func (r *request) interpret() *Error {
 		if isNull(v) {
 			continue
 		}
-		var n int64
-		if err := json.Unmarshal(v, &n); err != nil || n < 0 {
+		n, ok := plainInt(v)
+		if !ok {
+			if err := json.Unmarshal(v, &n); err != nil {
+				n = -1
+			}
+		}
+		if n < 0 {
 			return parseError(CodeInvalidParameter, p, "%s must be a non-negative integer", p)
 		}
 		r.maxTokens, r.maxTokensParam = n, p // max_completion_tokens wins, as in OpenAI's API
@@ -267,7 +281,7 @@ func (r *request) rewrite(upstreamModel string) []byte {
 	}
 	var ss []splice
 	if upstreamModel != r.model {
-		q, _ := json.Marshal(upstreamModel) // a string cannot fail
+		q := quote(upstreamModel)
 		ms, _ := r.span("model")
 		ss = append(ss, splice{ms, q})
 	}
@@ -300,6 +314,83 @@ func (r *request) rewrite(upstreamModel string) []byte {
 		prev = s.at.end
 	}
 	return append(out, r.body[prev:]...)
+}
+
+// memberValue returns the raw value of the top-level member name of b, a
+// JSON object that json.Valid accepted; nil when b is not an object or has
+// no such member. Names match as encoding/json matches a struct field
+// (case-insensitively; the last of several wins).
+func memberValue(b []byte, name string) []byte {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return nil
+	}
+	var found []byte
+	i = skipWS(b, i+1)
+	for b[i] != '}' {
+		ks := i
+		i = skipString(b, i)
+		var match bool
+		if k := b[ks+1 : i-1]; bytes.IndexByte(k, '\\') < 0 {
+			match = bytes.EqualFold(k, []byte(name))
+		} else if key, err := decodeKey(b[ks:i]); err == nil {
+			match = strings.EqualFold(key, name)
+		}
+		i = skipWS(b, i)
+		i = skipWS(b, i+1) // ':'
+		vs := i
+		i = skipValue(b, i)
+		if match {
+			found = b[vs:i]
+		}
+		i = skipWS(b, i)
+		if b[i] == ',' {
+			i = skipWS(b, i+1)
+		}
+	}
+	return found
+}
+
+// plainString returns the value of a JSON string literal that needs no
+// decoding (printable ASCII without escapes), as encoding/json would.
+func plainString(v []byte) (string, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	for _, c := range v[1 : len(v)-1] {
+		if c < 0x20 || c >= 0x7f || c == '\\' || c == '"' {
+			return "", false
+		}
+	}
+	return string(v[1 : len(v)-1]), true
+}
+
+// plainInt returns the value of a JSON number made of at most 18 digits
+// (no sign, fraction or exponent), as encoding/json would into an int64.
+func plainInt(v []byte) (int64, bool) {
+	if len(v) == 0 || len(v) > 18 || (v[0] == '0' && len(v) > 1) {
+		return 0, false
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+// quote encodes s as a JSON string, byte for byte as json.Marshal does.
+func quote(s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '\\' || c == '"' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string cannot fail
+			return q
+		}
+	}
+	q := make([]byte, 0, len(s)+2)
+	return append(append(append(q, '"'), s...), '"')
 }
 
 // The scanners below run on input json.Valid accepted, so they only find

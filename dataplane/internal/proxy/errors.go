@@ -40,6 +40,9 @@ const (
 	CodeUpstreamStreamError  = "upstream_stream_error"
 	CodeUnknownRoute         = "unknown_route"
 	CodeMethodNotAllowed     = "method_not_allowed"
+	// CodeCustomerBlocked refuses a request made on behalf of a blocked end
+	// customer (x-sluice-end-user, looked up in the key's org).
+	CodeCustomerBlocked = "customer_blocked"
 	// CodeClientClosed is recorded (never sent) when the client went away.
 	CodeClientClosed = "client_closed_request"
 	// CodeUpstreamClientError is recorded when an upstream 4xx answer was

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -47,11 +48,11 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 			return unavailable(CodeOverloaded, fmt.Sprintf("every deployment of model %q is at its concurrency limit", x.group), time.Second)
 		}
 		if x.attempts > 0 {
-			h.m.retries.WithLabelValues(x.group).Inc()
+			h.series.group(x.group).retries.Inc()
 		}
 		x.attempts++
 		x.dep = c.d
-		g := h.m.upstreamInFlight.WithLabelValues(c.d.GetId())
+		g := h.series.upstreamInFlight(c.d.GetId())
 		g.Inc()
 		out := x.attempt(ctx, clientCtx, w, c)
 		g.Dec()
@@ -235,23 +236,42 @@ func (x *exchange) readFailure(ctx, clientCtx context.Context, err error) *Error
 		Message: "the upstream model server broke off its answer"}
 }
 
+// respBufs are the buffers non-streaming answers are read into (returned
+// once written to the client; very large ones are left to the GC).
+var respBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledResp = 1 << 20
+
 // relayBody relays a complete (non-streaming) answer, reading its usage.
 func (x *exchange) relayBody(ctx, clientCtx context.Context, w http.ResponseWriter, resp *http.Response) outcome {
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes+1))
+	buf := respBufs.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= maxPooledResp {
+			respBufs.Put(buf)
+		}
+	}()
+	if n := resp.ContentLength; n > 0 && n <= maxResponseBytes {
+		buf.Grow(int(n) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(io.LimitReader(resp.Body, maxResponseBytes+1))
 	if err != nil {
 		return outcome{err: x.readFailure(ctx, clientCtx, err)}
 	}
+	b := buf.Bytes()
 	if len(b) > maxResponseBytes {
 		x.h.m.upstreamErrors.WithLabelValues(x.dep.GetId(), "transport").Inc()
 		return outcome{err: &Error{Status: http.StatusBadGateway, Type: TypeUpstream, Code: CodeUpstreamError,
 			Message: fmt.Sprintf("the upstream answer exceeds %d bytes", maxResponseBytes)}}
 	}
-	var body struct {
-		Usage *usageFields `json:"usage"`
-	}
-	if json.Unmarshal(b, &body) == nil && body.Usage != nil {
-		x.setUsage(body.Usage)
+	if json.Valid(b) {
+		if v := memberValue(b, "usage"); !isNull(v) {
+			var u usageFields
+			if json.Unmarshal(v, &u) == nil {
+				x.setUsage(&u)
+			}
+		}
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
 		w.Header().Set("Content-Type", ct)
@@ -302,12 +322,10 @@ func (x *exchange) relayStream(ctx, clientCtx context.Context, w http.ResponseWr
 	hd.Set("Content-Type", resp.Header.Get("Content-Type"))
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
+	// The headers go out with the first relayed event (one write, as a
+	// flushing reverse proxy does), not in a write of their own.
 	w.WriteHeader(http.StatusOK)
 	x.status = http.StatusOK
-	if err := rc.Flush(); err != nil {
-		x.status, x.errCode = StatusClientClosed, CodeClientClosed
-		return outcome{}
-	}
 	br := bufio.NewReaderSize(resp.Body, 16<<10)
 	var ev []byte
 	sawDone, partial := false, false

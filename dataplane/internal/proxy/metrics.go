@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -69,16 +71,106 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func statusClass(status int) string {
-	switch {
-	case status == StatusClientClosed:
-		return "499"
-	case status >= 500:
-		return "5xx"
-	case status >= 400:
-		return "4xx"
-	case status >= 300:
-		return "3xx"
+func statusClass(status int) string { return statusClasses[statusClassIndex(status)] }
+
+// Series lookups on the request path go through a cache of the vectors'
+// children: WithLabelValues hashes the label values and takes the
+// vector's lock on every call. Keys are configured objects (routes, model
+// groups, deployments), so the cache is as bounded as the series.
+
+// routeIndex numbers the inference routes for the per-group cache.
+func routeIndex(route string) int {
+	switch route {
+	case RouteChat:
+		return 0
+	case RouteCompletions:
+		return 1
+	case RouteEmbeddings:
+		return 2
 	}
-	return "2xx"
+	return 3
+}
+
+var statusClasses = [...]string{"2xx", "3xx", "4xx", "5xx", "499"}
+
+func statusClassIndex(status int) int {
+	switch status {
+	case StatusClientClosed:
+		return 4
+	}
+	switch {
+	case status >= 500:
+		return 3
+	case status >= 400:
+		return 2
+	case status >= 300:
+		return 1
+	}
+	return 0
+}
+
+// groupSeries are one model group's series.
+type groupSeries struct {
+	duration, ttft prometheus.Observer
+	retries        prometheus.Counter
+	// requests by routeIndex*len(statusClasses)+statusClassIndex, created
+	// on first use (a series appears when it is first counted).
+	requests sync.Map // int → prometheus.Counter
+}
+
+// seriesCache caches the children of the proxy's vectors.
+type seriesCache struct {
+	m        *metrics
+	mu       sync.RWMutex
+	groups   map[string]*groupSeries
+	inFlight map[string]prometheus.Gauge
+}
+
+func (c *seriesCache) group(name string) *groupSeries {
+	c.mu.RLock()
+	g := c.groups[name]
+	c.mu.RUnlock()
+	if g != nil {
+		return g
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g = c.groups[name]; g == nil {
+		g = &groupSeries{duration: c.m.duration.WithLabelValues(name), ttft: c.m.ttft.WithLabelValues(name),
+			retries: c.m.retries.WithLabelValues(name)}
+		if c.groups == nil {
+			c.groups = map[string]*groupSeries{}
+		}
+		c.groups[name] = g
+	}
+	return g
+}
+
+func (c *seriesCache) requests(route, group string, status int) prometheus.Counter {
+	g := c.group(group)
+	k := routeIndex(route)*len(statusClasses) + statusClassIndex(status)
+	if v, ok := g.requests.Load(k); ok {
+		return v.(prometheus.Counter)
+	}
+	v, _ := g.requests.LoadOrStore(k, c.m.requests.WithLabelValues(route, group, statusClass(status)))
+	return v.(prometheus.Counter)
+}
+
+func (c *seriesCache) upstreamInFlight(deployment string) prometheus.Gauge {
+	c.mu.RLock()
+	g := c.inFlight[deployment]
+	c.mu.RUnlock()
+	if g != nil {
+		return g
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if g = c.inFlight[deployment]; g == nil {
+		g = c.m.upstreamInFlight.WithLabelValues(deployment)
+		if c.inFlight == nil {
+			c.inFlight = map[string]prometheus.Gauge{}
+		}
+		c.inFlight[deployment] = g
+	}
+	return g
 }

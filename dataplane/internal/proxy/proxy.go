@@ -3,7 +3,8 @@
 // and GET /v1/models.
 //
 // A request goes: bounded body read (413/400) → readiness gate (503) →
-// key authentication from the in-memory catalog (401/403) → allowed
+// key authentication from the in-memory catalog (401/403) → attribution
+// headers (400) and the end customer's block (403) → allowed
 // routes → model resolution through the key's then the team's aliases
 // (404) → allowed models at every level (403) → enforced parameters (400)
 // → candidate deployments (capabilities, credentials, tag pool, health,
@@ -127,6 +128,7 @@ type Handler struct {
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
+	series  seriesCache
 	states  states
 	client  *http.Client
 	retries int
@@ -184,6 +186,7 @@ func New(cfg Config) (*Handler, error) {
 	if h.m, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
+	h.series.m = h.m
 	return h, nil
 }
 
@@ -323,6 +326,9 @@ func (x *exchange) serve(w http.ResponseWriter, r *http.Request) *Error {
 	if e = x.attribution(r.Header); e != nil {
 		return e
 	}
+	if e = x.customerBlocked(cat); e != nil {
+		return e
+	}
 	if routes := x.p.Key.GetAllowedRoutes(); len(routes) > 0 && !slices.Contains(routes, x.route) {
 		return forbidden(CodeRouteNotAllowed, "", fmt.Sprintf("this key may not call %s", x.route))
 	}
@@ -380,10 +386,10 @@ func (x *exchange) attribution(hd http.Header) *Error {
 	x.customer, x.agent = hd.Get(HeaderEndUser), hd.Get(HeaderAgentID)
 	x.session = hd.Get(HeaderSession)
 	if x.session == "" {
-		names := make([]string, 0, 4)
+		var names []string
+		const suffix = "-session-id"
 		for name := range hd {
-			l := strings.ToLower(name)
-			if strings.HasPrefix(l, "x-") && strings.HasSuffix(l, "-session-id") && len(l) > len("x--session-id") {
+			if len(name) > len("x-"+suffix) && strings.EqualFold(name[:2], "x-") && strings.EqualFold(name[len(name)-len(suffix):], suffix) {
 				names = append(names, name)
 			}
 		}
@@ -396,6 +402,20 @@ func (x *exchange) attribution(hd http.Header) *Error {
 		if len(v.val) > maxAttributionLen {
 			return invalidRequest(CodeInvalidHeader, v.name, fmt.Sprintf("%s is longer than %d bytes", v.name, maxAttributionLen))
 		}
+	}
+	return nil
+}
+
+// customerBlocked refuses a request on behalf of a blocked end customer:
+// the x-sluice-end-user value looked up among the customers of the key's
+// org. A customer the org does not know is allowed (the header is for
+// attribution); only a known, blocked one is refused (SPEC §4).
+func (x *exchange) customerBlocked(cat *catalog.Catalog) *Error {
+	if x.customer == "" {
+		return nil
+	}
+	if cu := cat.Customer(x.p.Key.GetOrgId(), x.customer); cu != nil && cu.GetBlocked() {
+		return forbidden(CodeCustomerBlocked, HeaderEndUser, "access denied: the end customer named in "+HeaderEndUser+" is blocked")
 	}
 	return nil
 }
@@ -434,10 +454,14 @@ func (x *exchange) finish() {
 	}
 	h.cfg.Usage.Record(ev)
 
-	h.m.requests.WithLabelValues(x.route, x.group, statusClass(x.status)).Inc()
-	h.m.duration.WithLabelValues(x.group).Observe(elapsed.Seconds())
+	h.series.requests(x.route, x.group, x.status).Inc()
+	g := h.series.group(x.group)
+	g.duration.Observe(elapsed.Seconds())
 	if x.ttft > 0 {
-		h.m.ttft.WithLabelValues(x.group).Observe(x.ttft.Seconds())
+		g.ttft.Observe(x.ttft.Seconds())
+	}
+	if !h.log.Enabled(context.Background(), slog.LevelInfo) {
+		return
 	}
 	h.log.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("request_id", x.id), slog.String("route", x.route),

@@ -171,7 +171,8 @@ type capabilityFilter struct {
 	param string
 	need  func(*request) bool
 	has   func(*configv1.Capabilities, *request) bool
-	what  string
+	// what describes the need, for the error (formatted only then).
+	what func(*request) string
 }
 
 // promptParam names the parameter carrying the prompt of a route.
@@ -185,27 +186,44 @@ func promptParam(route string) string {
 	return "prompt"
 }
 
-func capabilityFilters(route string, req *request) []capabilityFilter {
-	toolsParam := "tools"
-	if req.value("tools") == nil {
-		toolsParam = "functions"
+// capabilityFilters are the filters in the order they apply. The param of
+// the tools, prompt and max-tokens filters depends on the request
+// (filterParam).
+var capabilityFilters = [...]capabilityFilter{
+	{"tools", func(r *request) bool { return r.tools },
+		func(c *configv1.Capabilities, _ *request) bool { return c.GetTools() },
+		func(*request) string { return "tool calling" }},
+	{"response_format", func(r *request) bool { return r.jsonMode },
+		func(c *configv1.Capabilities, _ *request) bool { return c.GetJsonMode() },
+		func(*request) string { return "JSON mode (response_format)" }},
+	{"messages", func(r *request) bool { return r.images },
+		func(c *configv1.Capabilities, _ *request) bool { return c.GetVision() },
+		func(*request) string { return "image input" }},
+	{"prompt", func(r *request) bool { return r.promptEstimate > 0 },
+		func(c *configv1.Capabilities, r *request) bool {
+			return c.GetMaxInputTokens() == 0 || r.promptEstimate <= c.GetMaxInputTokens()
+		},
+		func(r *request) string { return fmt.Sprintf("a prompt of about %d tokens", r.promptEstimate) }},
+	{"max_tokens", func(r *request) bool { return r.maxTokens > 0 },
+		func(c *configv1.Capabilities, r *request) bool {
+			return c.GetMaxOutputTokens() == 0 || r.maxTokens <= c.GetMaxOutputTokens()
+		},
+		func(r *request) string { return fmt.Sprintf("%s=%d", r.maxTokensParam, r.maxTokens) }},
+}
+
+// filterParam names the parameter a filter reports for this request.
+func filterParam(f *capabilityFilter, route string, req *request) string {
+	switch f.param {
+	case "tools":
+		if req.value("tools") == nil {
+			return "functions"
+		}
+	case "prompt":
+		return promptParam(route)
+	case "max_tokens":
+		return req.maxTokensParam
 	}
-	return []capabilityFilter{
-		{toolsParam, func(r *request) bool { return r.tools },
-			func(c *configv1.Capabilities, _ *request) bool { return c.GetTools() }, "tool calling"},
-		{"response_format", func(r *request) bool { return r.jsonMode },
-			func(c *configv1.Capabilities, _ *request) bool { return c.GetJsonMode() }, "JSON mode (response_format)"},
-		{"messages", func(r *request) bool { return r.images },
-			func(c *configv1.Capabilities, _ *request) bool { return c.GetVision() }, "image input"},
-		{promptParam(route), func(r *request) bool { return r.promptEstimate > 0 },
-			func(c *configv1.Capabilities, r *request) bool {
-				return c.GetMaxInputTokens() == 0 || r.promptEstimate <= c.GetMaxInputTokens()
-			}, fmt.Sprintf("a prompt of about %d tokens", req.promptEstimate)},
-		{req.maxTokensParam, func(r *request) bool { return r.maxTokens > 0 },
-			func(c *configv1.Capabilities, r *request) bool {
-				return c.GetMaxOutputTokens() == 0 || r.maxTokens <= c.GetMaxOutputTokens()
-			}, fmt.Sprintf("%s=%d", req.maxTokensParam, req.maxTokens)},
-	}
+	return f.param
 }
 
 // candidates returns the deployments that may serve req, in the order to
@@ -213,9 +231,13 @@ func capabilityFilters(route string, req *request) []capabilityFilter {
 // naming the parameter), deployments whose credential cannot be decrypted
 // removed (reported), the key's tag pool, health, then a weighted shuffle.
 func (h *Handler) candidates(route string, req *request, p *catalog.Principal, group string, deps []*catalog.Deployment) ([]candidate, *Error) {
-	for _, f := range capabilityFilters(route, req) {
+	for i := range capabilityFilters {
+		f := &capabilityFilters[i]
 		if !f.need(req) {
 			continue
+		}
+		if len(deps) == 1 && f.has(deps[0].GetCapabilities(), req) {
+			continue // the common single-deployment case: no new slice
 		}
 		var keep []*catalog.Deployment
 		for _, d := range deps {
@@ -224,8 +246,8 @@ func (h *Handler) candidates(route string, req *request, p *catalog.Principal, g
 			}
 		}
 		if len(keep) == 0 {
-			return nil, invalidRequest(CodeUnsupportedParameter, f.param,
-				fmt.Sprintf("no deployment of model %q supports %s", group, f.what))
+			return nil, invalidRequest(CodeUnsupportedParameter, filterParam(f, route, req),
+				fmt.Sprintf("no deployment of model %q supports %s", group, f.what(req)))
 		}
 		deps = keep
 	}

@@ -47,6 +47,12 @@ const (
 	// publish retries while NATS is unreachable.
 	DefaultMinBackoff = 100 * time.Millisecond
 	DefaultMaxBackoff = 5 * time.Second
+	// DefaultLinger is how long the drainer, woken by the first event after
+	// a quiet spell, waits before taking the buffer: a lightly loaded proxy
+	// then publishes several events per round (one socket write, one
+	// wakeup) instead of one. Under load the buffer is never empty and the
+	// drainer does not wait.
+	DefaultLinger = time.Millisecond
 	// DefaultFlushTimeout bounds the flush at shutdown.
 	DefaultFlushTimeout = 5 * time.Second
 	// DefaultSpoolMaxBytes bounds the spool on disk (1 GiB, about a
@@ -67,9 +73,10 @@ type Config struct {
 	SpoolDir string
 	// SpoolMaxBytes bounds the spool (DefaultSpoolMaxBytes if 0).
 	SpoolMaxBytes int64
-	// BatchSize, AckTimeout, MinBackoff, MaxBackoff and FlushTimeout tune
-	// publishing (defaults above when 0).
+	// BatchSize, AckTimeout, MinBackoff, MaxBackoff, Linger and
+	// FlushTimeout tune publishing (defaults above when 0).
 	BatchSize    int
+	Linger       time.Duration
 	AckTimeout   time.Duration
 	MinBackoff   time.Duration
 	MaxBackoff   time.Duration
@@ -89,7 +96,7 @@ func (c *Config) Validate() error {
 	if c.SpoolMaxBytes < 0 {
 		errs = append(errs, errors.New("usage spool size limit must not be negative"))
 	}
-	if c.BatchSize < 0 || c.AckTimeout < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.FlushTimeout < 0 {
+	if c.BatchSize < 0 || c.AckTimeout < 0 || c.MinBackoff < 0 || c.MaxBackoff < 0 || c.FlushTimeout < 0 || c.Linger < 0 {
 		errs = append(errs, errors.New("usage publisher batch size and durations must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -116,6 +123,9 @@ func (c *Config) defaults() {
 	}
 	if c.FlushTimeout == 0 {
 		c.FlushTimeout = DefaultFlushTimeout
+	}
+	if c.Linger == 0 {
+		c.Linger = DefaultLinger
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -284,7 +294,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 			case it := <-p.ch:
-				batch = p.take([]item{it})
+				batch = p.linger(ctx, []item{it})
 			case <-p.wake:
 			case <-time.After(time.Second):
 			}
@@ -324,6 +334,18 @@ func (p *Publisher) take(batch []item) []item {
 		}
 	}
 	return batch
+}
+
+// linger waits Linger (or until ctx is done), then takes what the buffer
+// gathered meanwhile.
+func (p *Publisher) linger(ctx context.Context, batch []item) []item {
+	t := time.NewTimer(p.cfg.Linger)
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	t.Stop()
+	return p.take(batch)
 }
 
 // nextSpoolFile opens the oldest closed spool file, closing the active
