@@ -1,0 +1,613 @@
+// Package limits enforces rate (rpm, tpm), concurrency (parallel leases) and
+// budget limits for every scope of a request in Redis, shared by every data
+// plane.
+//
+// A request is admitted by one Lua script call (one round trip) that checks
+// all of its scopes and, only if all pass, consumes or reserves in all of
+// them; it is settled by one more call after the response, exactly once per
+// request id. Streams renew their leases in between. Every key of a call
+// carries the org's hash tag, so the scripts run unchanged on Redis Cluster.
+// Every call has its own short timeout; any Redis error or timeout is
+// reported as ErrUnavailable and the caller fails closed. docs/limits.md
+// describes the semantics, error bounds and failure policy.
+package limits
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Scope kinds: the levels of SPEC §3 plus the per-model and deployment
+// scopes. The ID of a per-model scope is composed by the caller (e.g.
+// "<key id>/<model>").
+const (
+	KindKey        = "key"
+	KindUser       = "user"
+	KindMember     = "member"
+	KindTeam       = "team"
+	KindOrg        = "org"
+	KindCustomer   = "customer"
+	KindKeyModel   = "key_model"
+	KindTeamModel  = "team_model"
+	KindDeployment = "deployment"
+)
+
+var validKinds = map[string]bool{
+	KindKey: true, KindUser: true, KindMember: true, KindTeam: true, KindOrg: true,
+	KindCustomer: true, KindKeyModel: true, KindTeamModel: true, KindDeployment: true,
+}
+
+// Defaults of Config.
+const (
+	// DefaultCallTimeout bounds every Redis call on the request path: a
+	// healthy Redis answers a script call in well under a millisecond, so 50 ms
+	// means "unavailable", not "slow".
+	DefaultCallTimeout = 50 * time.Millisecond
+	// DefaultLeaseTTL is how long a parallel slot lives without renewal: the
+	// time a crashed proxy's slots take to heal.
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultRenewInterval is how often callers should Renew a live request.
+	// It is much shorter than the lease TTL because it also bounds how fast
+	// leases are re-asserted after Redis loses its state (see Quarantine).
+	DefaultRenewInterval = time.Second
+	// DefaultQuarantine is how long parallel-limited scopes of an org reject
+	// after its epoch key was found missing: two renew intervals, so every
+	// live request has re-asserted its lease even if one renewal failed.
+	DefaultQuarantine = 2 * DefaultRenewInterval
+	// DefaultRecordTTL bounds the lifetime of a request record without
+	// renewal (longer than any request; renewed by Renew).
+	DefaultRecordTTL = 6 * time.Hour
+	// DefaultParallelRetryMax caps the retry-after of a parallel rejection:
+	// a slot frees when any in-flight request ends, which is not predictable,
+	// so the wait reported is the earliest lease expiry bounded by this.
+	DefaultParallelRetryMax = time.Second
+	// DefaultRateWindow and DefaultRateBucket define the sliding rpm/tpm
+	// window: 60 s counted in 1 s buckets.
+	DefaultRateWindow = 60 * time.Second
+	DefaultRateBucket = time.Second
+	// tombstoneTTL is how long a settled request id is remembered, making a
+	// late duplicate Settle or Renew a no-op.
+	tombstoneTTL = 10 * time.Minute
+)
+
+// DefaultAlertThresholds are the budget alert thresholds, in percent of the
+// cap (SPEC §8.3).
+var DefaultAlertThresholds = []int64{50, 85, 95, 100}
+
+var (
+	// ErrUnavailable reports that Redis did not answer within the call
+	// timeout or answered with an error. Callers fail closed (503
+	// limits_unavailable); rpm/tpm-only requests may use a LocalLimiter when
+	// configured to.
+	ErrUnavailable = errors.New("limits unavailable")
+	// ErrInvalidRequest reports a request the limiter cannot evaluate (a
+	// caller bug); it is returned before any Redis call.
+	ErrInvalidRequest = errors.New("invalid limits request")
+	// ErrDuplicateRequest reports an Admit for a request id that is already
+	// admitted and not yet settled.
+	ErrDuplicateRequest = errors.New("duplicate request id")
+)
+
+// Scope is one level a request is limited at. Zero limits mean "none".
+type Scope struct {
+	Kind        string // one of the Kind constants
+	ID          string
+	RPM         int64 // requests per sliding 60 s window
+	TPM         int64 // tokens per sliding 60 s window
+	MaxParallel int64 // concurrent requests (leases)
+	Budget      *Budget
+}
+
+// Budget is a spend cap over a window, in micro-USD.
+type Budget struct {
+	CapMicros  int64 // spend ≥ cap rejects; 0 = soft budget only
+	SoftMicros int64 // alert only; 0 = none
+	// Window is "<n>h", "<n>d" or "<n>mo" as validated by the admin API;
+	// see BudgetWindow for the boundaries.
+	Window string
+	// SeedMicros is the durable spend of the window starting at
+	// SeedWindowStart, used only when the Redis counter of the current window
+	// is missing (first use, new window, or Redis lost its state).
+	SeedMicros int64
+	// SeedWindowStart is the Unix second the window of SeedMicros starts at
+	// (BudgetWindow). When it is not the current window the seed is ignored
+	// and the window starts at 0. 0 means "the current window, whatever it is"
+	// (only safe when the seed is 0 or recent).
+	SeedWindowStart int64
+}
+
+// Request is what Admit checks.
+type Request struct {
+	OrgID         string // the hash tag {o:<org>} of every key
+	RequestID     string // unique per request; makes Settle idempotent
+	Scopes        []Scope
+	EstTokens     int64 // conservative token estimate (prompt + max output)
+	MaxCostMicros int64 // maximum cost reserved in every budget scope
+}
+
+// LimitType names the limit that rejected a request.
+type LimitType string
+
+// Limit types, as reported in headers and errors.
+const (
+	LimitRPM      LimitType = "rpm"
+	LimitTPM      LimitType = "tpm"
+	LimitParallel LimitType = "parallel"
+	LimitBudget   LimitType = "budget"
+)
+
+// ScopeRef names a scope.
+type ScopeRef struct {
+	Kind string
+	ID   string
+}
+
+// Rejection describes why a request was not admitted.
+type Rejection struct {
+	Scope ScopeRef
+	Limit LimitType
+	// RetryAfter is the real expected wait: until enough of the sliding
+	// window expires (rpm/tpm), the earliest lease expiry bounded by
+	// Config.ParallelRetryMax (parallel), the rest of the quarantine
+	// (parallel, Quarantined), or until the window resets (budget).
+	RetryAfter time.Duration
+	// Never is set when the request can never pass this limit as it stands
+	// (its token estimate alone exceeds the tpm limit); RetryAfter is then
+	// one full window.
+	Never bool
+	// Quarantined is set when a parallel-limited scope rejected because the
+	// org's Redis state was recently lost (see docs/limits.md).
+	Quarantined bool
+	// SpendMicros and CapMicros are set for budget rejections.
+	SpendMicros int64
+	CapMicros   int64
+	// WindowEnd is the end of the budget window (budget rejections).
+	WindowEnd time.Time
+}
+
+// RateHeaders are the values of the x-ratelimit-* headers (SPEC §8.5) for
+// the tightest scope (least remaining) of each kind, after this request was
+// counted. A zero limit means no scope of the request carries that limit.
+type RateHeaders struct {
+	LimitRequests     int64
+	RemainingRequests int64
+	// ResetRequests is the time until the oldest counted requests leave the
+	// window (when remaining next grows); 0 when the window is empty.
+	ResetRequests   time.Duration
+	LimitTokens     int64
+	RemainingTokens int64
+	ResetTokens     time.Duration
+}
+
+// Decision is the outcome of Admit.
+type Decision struct {
+	Allowed bool
+	// Lease is set when Allowed; pass it to Renew while the request lives
+	// and to Settle exactly once on every exit path.
+	Lease *Lease
+	// Rejection is set when not Allowed.
+	Rejection *Rejection
+	Headers   RateHeaders
+	// Epoch is the org's epoch (ms) seen by the call; it changes when Redis
+	// lost the org's state.
+	Epoch int64
+}
+
+// Lease is an admitted request's claim on its scopes. It is not safe to
+// Settle concurrently from several goroutines, but Renew and Settle may race
+// (a renewal that arrives after Settle is a no-op).
+type Lease struct {
+	orgID     string
+	requestID string
+	keys      []string
+	scopes    []Scope
+	est       int64
+	reserved  int64
+	needs     bool // false: nothing to renew or settle in Redis (rpm only)
+	settled   atomic.Bool
+}
+
+// OrgID returns the org of the leased request.
+func (l *Lease) OrgID() string { return l.orgID }
+
+// RequestID returns the id of the leased request.
+func (l *Lease) RequestID() string { return l.requestID }
+
+// RenewState is the outcome of Renew.
+type RenewState int
+
+// Renew outcomes.
+const (
+	// RenewSettled: the request was already settled; nothing was done.
+	RenewSettled RenewState = iota
+	// RenewExtended: the leases and the record were extended.
+	RenewExtended
+	// RenewReasserted: Redis had lost the request (state loss); its leases,
+	// token estimate and cost reservation were written again.
+	RenewReasserted
+)
+
+// SettleResult is the outcome of Settle.
+type SettleResult struct {
+	// Applied is false when the request was already settled (a no-op).
+	Applied bool
+	// WithoutRecord is set when Redis no longer held the admission record
+	// (state loss, or no renewal for Config.RecordTTL): the actual usage
+	// was charged in full to the current windows.
+	WithoutRecord bool
+	// Alerts are the budget thresholds crossed by this settlement; each
+	// fires once per scope, threshold and window across all data planes.
+	Alerts []BudgetAlert
+}
+
+// BudgetAlert is a budget threshold crossed in a window.
+type BudgetAlert struct {
+	Scope ScopeRef
+	// Percent is the threshold in percent of the cap; 0 means the soft
+	// budget.
+	Percent     int64
+	SpendMicros int64
+	CapMicros   int64
+	SoftMicros  int64
+}
+
+// Config configures a Limiter. Zero durations take the defaults.
+type Config struct {
+	// Client is a *redis.Client, *redis.ClusterClient or other
+	// redis.Scripter. Clients built from redis.Options must set
+	// ContextTimeoutEnabled, or go-redis ignores the per-call deadline.
+	Client redis.Scripter
+	// KeyPrefix is prepended to every key (before the hash tag); it must not
+	// contain '{' or '}'.
+	KeyPrefix        string
+	CallTimeout      time.Duration
+	LeaseTTL         time.Duration
+	RenewInterval    time.Duration
+	Quarantine       time.Duration
+	RecordTTL        time.Duration
+	ParallelRetryMax time.Duration
+	// AlertThresholds in percent of the cap; nil takes
+	// DefaultAlertThresholds, an empty non-nil slice disables them.
+	AlertThresholds []int64
+
+	// rateWindow and rateBucket override the sliding window in tests.
+	rateWindow time.Duration
+	rateBucket time.Duration
+}
+
+// Limiter enforces limits in Redis. It is safe for concurrent use.
+type Limiter struct {
+	cfg Config
+}
+
+// New validates cfg, applies defaults and returns a Limiter.
+func New(cfg Config) (*Limiter, error) {
+	var errs []error
+	if cfg.Client == nil {
+		errs = append(errs, errors.New("limits: Client is required"))
+	}
+	switch c := cfg.Client.(type) {
+	case *redis.Client:
+		if !c.Options().ContextTimeoutEnabled {
+			errs = append(errs, errors.New("limits: redis.Options.ContextTimeoutEnabled must be true (per-call timeouts)"))
+		}
+	case *redis.ClusterClient:
+		if !c.Options().ContextTimeoutEnabled {
+			errs = append(errs, errors.New("limits: redis.ClusterOptions.ContextTimeoutEnabled must be true (per-call timeouts)"))
+		}
+	}
+	if cfg.KeyPrefix != "" && !validTagPart(cfg.KeyPrefix) {
+		errs = append(errs, fmt.Errorf("limits: KeyPrefix %q must not contain '{' or '}'", cfg.KeyPrefix))
+	}
+	def := func(d *time.Duration, v time.Duration, name string) {
+		switch {
+		case *d == 0:
+			*d = v
+		case *d < 0:
+			errs = append(errs, fmt.Errorf("limits: %s must be positive (got %v)", name, *d))
+		}
+	}
+	def(&cfg.CallTimeout, DefaultCallTimeout, "CallTimeout")
+	def(&cfg.LeaseTTL, DefaultLeaseTTL, "LeaseTTL")
+	def(&cfg.RenewInterval, DefaultRenewInterval, "RenewInterval")
+	def(&cfg.Quarantine, 2*cfg.RenewInterval, "Quarantine")
+	def(&cfg.RecordTTL, DefaultRecordTTL, "RecordTTL")
+	def(&cfg.ParallelRetryMax, DefaultParallelRetryMax, "ParallelRetryMax")
+	def(&cfg.rateWindow, DefaultRateWindow, "rate window")
+	def(&cfg.rateBucket, DefaultRateBucket, "rate bucket")
+	if cfg.RenewInterval >= cfg.LeaseTTL {
+		errs = append(errs, fmt.Errorf("limits: RenewInterval (%v) must be shorter than LeaseTTL (%v)", cfg.RenewInterval, cfg.LeaseTTL))
+	}
+	if cfg.rateBucket > 0 && cfg.rateWindow%cfg.rateBucket != 0 {
+		errs = append(errs, errors.New("limits: rate window must be a multiple of the bucket"))
+	}
+	if cfg.AlertThresholds == nil {
+		cfg.AlertThresholds = DefaultAlertThresholds
+	}
+	for _, p := range cfg.AlertThresholds {
+		if p <= 0 || p > 1000 {
+			errs = append(errs, fmt.Errorf("limits: alert threshold %d%% out of range 1–1000", p))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &Limiter{cfg: cfg}, nil
+}
+
+// RenewInterval is how often a caller should Renew each live request.
+func (l *Limiter) RenewInterval() time.Duration { return l.cfg.RenewInterval }
+
+// validate checks req before any Redis call.
+func validate(req *Request) ([]budgetUnit, error) {
+	var errs []error
+	if !validTagPart(req.OrgID) {
+		errs = append(errs, fmt.Errorf("org id %q must be non-empty without '{' or '}'", req.OrgID))
+	}
+	if req.RequestID == "" {
+		errs = append(errs, errors.New("request id is empty"))
+	}
+	if req.EstTokens < 0 || req.MaxCostMicros < 0 {
+		errs = append(errs, errors.New("estimated tokens and max cost must be ≥ 0"))
+	}
+	units := make([]budgetUnit, len(req.Scopes))
+	for i, s := range req.Scopes {
+		if !validKinds[s.Kind] || s.ID == "" {
+			errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
+		}
+		if s.RPM < 0 || s.TPM < 0 || s.MaxParallel < 0 {
+			errs = append(errs, fmt.Errorf("scope %s %s: negative limit", s.Kind, s.ID))
+		}
+		if s.Budget != nil {
+			u, err := parseWindow(s.Budget.Window)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("scope %s %s: %w", s.Kind, s.ID, err))
+			}
+			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 || s.Budget.SeedMicros < 0 {
+				errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
+			}
+			units[i] = u
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return units, nil
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// Admit checks every scope of req and, only if all pass, consumes one
+// request (rpm), EstTokens (tpm), a lease (parallel) and a MaxCostMicros
+// reservation (budget) in all of them, in one Redis round trip. A Redis
+// error or timeout returns ErrUnavailable; the caller then fails closed.
+func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
+	units, err := validate(&req)
+	if err != nil {
+		return Decision{}, err
+	}
+	kb := newKeyBuilder(l.cfg.KeyPrefix, req.OrgID)
+	keys := kb.callKeys(req.RequestID, req.Scopes)
+	lease := &Lease{
+		orgID: req.OrgID, requestID: req.RequestID, keys: keys,
+		scopes: append([]Scope(nil), req.Scopes...), est: req.EstTokens, reserved: req.MaxCostMicros,
+	}
+	args := make([]any, 0, 11+8*len(req.Scopes))
+	args = append(args, req.RequestID, req.EstTokens, req.MaxCostMicros, ms(l.cfg.LeaseTTL),
+		ms(l.cfg.Quarantine), ms(l.cfg.RecordTTL), ms(l.cfg.ParallelRetryMax),
+		ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), 0, len(req.Scopes))
+	for i, s := range req.Scopes {
+		unit, n, budgetCap, seed, seedStart := "-", int64(0), int64(0), int64(0), int64(0)
+		if s.Budget != nil {
+			unit, n, budgetCap = units[i].unit, units[i].n, s.Budget.CapMicros
+			seed, seedStart = s.Budget.SeedMicros, s.Budget.SeedWindowStart
+			lease.needs = true
+		}
+		if s.TPM > 0 || s.MaxParallel > 0 {
+			lease.needs = true
+		}
+		args = append(args, s.RPM, s.TPM, s.MaxParallel, budgetCap, unit, n, seed, seedStart)
+	}
+	if lease.needs {
+		args[9] = 1
+	}
+	vals, err := l.run(ctx, admitScript, "admit", keys, args)
+	if err != nil {
+		return Decision{}, err
+	}
+	return toDecision(vals, req.Scopes, lease)
+}
+
+// toDecision maps the result of admit.lua (see its header) to a Decision.
+// It is the one place script results become typed decisions.
+func toDecision(v []int64, scopes []Scope, lease *Lease) (Decision, error) {
+	if len(v) != 15 {
+		return Decision{}, fmt.Errorf("%w: admit returned %d values", ErrUnavailable, len(v))
+	}
+	d := Decision{
+		Epoch: v[1],
+		Headers: RateHeaders{
+			LimitRequests: v[8], RemainingRequests: v[9], ResetRequests: time.Duration(v[10]) * time.Millisecond,
+			LimitTokens: v[11], RemainingTokens: v[12], ResetTokens: time.Duration(v[13]) * time.Millisecond,
+		},
+	}
+	switch v[0] {
+	case 1:
+		d.Allowed = true
+		d.Lease = lease
+		return d, nil
+	case -1:
+		return Decision{}, fmt.Errorf("admit %s: %w", lease.requestID, ErrDuplicateRequest)
+	}
+	i := v[2] - 1
+	if i < 0 || int(i) >= len(scopes) {
+		return Decision{}, fmt.Errorf("%w: admit rejected scope %d of %d", ErrUnavailable, v[2], len(scopes))
+	}
+	r := &Rejection{
+		Scope:       ScopeRef{Kind: scopes[i].Kind, ID: scopes[i].ID},
+		RetryAfter:  time.Duration(v[4]) * time.Millisecond,
+		SpendMicros: v[5],
+		CapMicros:   v[6],
+		Quarantined: v[7] == 1,
+	}
+	switch v[3] {
+	case 1:
+		r.Limit = LimitRPM
+	case 2:
+		r.Limit = LimitTPM
+	case 3:
+		r.Limit = LimitParallel
+	case 4:
+		r.Limit = LimitBudget
+		r.WindowEnd = time.Unix(v[14], 0).UTC()
+	default:
+		return Decision{}, fmt.Errorf("%w: admit returned limit type %d", ErrUnavailable, v[3])
+	}
+	if v[4] < 0 {
+		r.Never = true
+		r.RetryAfter = DefaultRateWindow
+	}
+	d.Rejection = r
+	return d, nil
+}
+
+// Renew extends the leases of a live request (call it every RenewInterval
+// while a request or stream is alive). If Redis lost the request, Renew
+// re-asserts it: that is how live requests get their slots back during the
+// quarantine that follows a Redis restart.
+func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
+	if lease.settled.Load() {
+		return RenewSettled, nil
+	}
+	if !lease.needs {
+		return RenewExtended, nil
+	}
+	args := make([]any, 0, 8+6*len(lease.scopes))
+	args = append(args, lease.requestID, lease.est, lease.reserved, ms(l.cfg.LeaseTTL),
+		ms(l.cfg.RecordTTL), ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), len(lease.scopes))
+	for _, s := range lease.scopes {
+		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
+		args = appendBudgetArgs(args, s.Budget, false)
+	}
+	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(vals) != 2 || vals[0] < 0 || vals[0] > 2 {
+		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
+	}
+	return RenewState(vals[0]), nil
+}
+
+// Settle releases the request's leases and reconciles tpm (actual −
+// estimate) and budgets (actual − reserved), exactly once per request id:
+// a second Settle, from this or any data plane, is a no-op. One round trip
+// (none when the request only carried rpm limits).
+func (l *Limiter) Settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
+	if lease.settled.Load() {
+		return SettleResult{}, nil
+	}
+	if !lease.needs {
+		lease.settled.Store(true)
+		return SettleResult{Applied: true}, nil
+	}
+	res, err := l.settle(ctx, lease, actualTokens, actualCostMicros)
+	if err == nil {
+		lease.settled.Store(true)
+	}
+	return res, err
+}
+
+// settle runs settle.lua regardless of the in-process settled flag.
+func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
+	th := l.cfg.AlertThresholds
+	args := make([]any, 0, 8+len(th)+8*len(lease.scopes))
+	args = append(args, lease.requestID, max(actualTokens, 0), max(actualCostMicros, 0),
+		ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), ms(tombstoneTTL), len(lease.scopes), len(th))
+	for _, p := range th {
+		args = append(args, p)
+	}
+	for _, s := range lease.scopes {
+		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
+		args = appendBudgetArgs(args, s.Budget, true)
+	}
+	vals, err := l.run(ctx, settleScript, "settle", lease.keys, args)
+	if err != nil {
+		return SettleResult{}, err
+	}
+	if len(vals) < 2 || (len(vals)-2)%3 != 0 {
+		return SettleResult{}, fmt.Errorf("%w: settle returned %d values", ErrUnavailable, len(vals))
+	}
+	res := SettleResult{Applied: vals[0] != 0, WithoutRecord: vals[0] == 2}
+	for j := 2; j < len(vals); j += 3 {
+		i := vals[j] - 1
+		if i < 0 || int(i) >= len(lease.scopes) || lease.scopes[i].Budget == nil {
+			return SettleResult{}, fmt.Errorf("%w: settle alert for scope %d", ErrUnavailable, vals[j])
+		}
+		s := lease.scopes[i]
+		res.Alerts = append(res.Alerts, BudgetAlert{
+			Scope: ScopeRef{Kind: s.Kind, ID: s.ID}, Percent: vals[j+1], SpendMicros: vals[j+2],
+			CapMicros: s.Budget.CapMicros, SoftMicros: s.Budget.SoftMicros,
+		})
+	}
+	return res, nil
+}
+
+// appendBudgetArgs appends a scope's budget ARGV for renew.lua (unit, n,
+// seed, seed start) or settle.lua (unit, n, cap, soft, seed, seed start).
+func appendBudgetArgs(args []any, b *Budget, withCaps bool) []any {
+	if b == nil {
+		if withCaps {
+			return append(args, "-", 0, 0, 0, 0, 0)
+		}
+		return append(args, "-", 0, 0, 0)
+	}
+	u, _ := parseWindow(b.Window) // validated by Admit
+	if withCaps {
+		return append(args, u.unit, u.n, b.CapMicros, b.SoftMicros, b.SeedMicros, b.SeedWindowStart)
+	}
+	return append(args, u.unit, u.n, b.SeedMicros, b.SeedWindowStart)
+}
+
+func boolArg(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// run runs a script under the per-call timeout and returns its integer
+// array; every failure is ErrUnavailable.
+func (l *Limiter) run(ctx context.Context, s *redis.Script, op string, keys []string, args []any) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+	defer cancel()
+	raw, err := s.Run(ctx, l.cfg.Client, keys, args...).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("limits %s: %w: %w", op, ErrUnavailable, err)
+	}
+	out := make([]int64, len(raw))
+	for i, x := range raw {
+		n, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("limits %s: %w: result %d is %T", op, ErrUnavailable, i, x)
+		}
+		out[i] = n
+	}
+	return out, nil
+}
+
+// String returns a scope reference as "kind:id".
+func (r ScopeRef) String() string { return r.Kind + ":" + r.ID }
+
+// RetryAfterSeconds returns the retry-after header value: the wait rounded
+// up to whole seconds, at least 1.
+func (r *Rejection) RetryAfterSeconds() string {
+	s := (r.RetryAfter + time.Second - 1) / time.Second
+	return strconv.FormatInt(max(int64(s), 1), 10)
+}

@@ -1,0 +1,155 @@
+-- admit.lua: check every scope of a request and, only if all pass, consume
+-- or reserve in all of them. Nothing is written for a rejected request
+-- except bookkeeping that is not consumption (the epoch key, pruning of
+-- expired entries, starting a new budget window from its seed).
+--
+-- KEYS: layout of common.lua (epoch, record, then 4 keys per scope).
+-- ARGV:
+--   1 request id            2 estimated tokens       3 max cost (micro-USD)
+--   4 lease TTL ms          5 quarantine ms          6 record TTL ms
+--   7 parallel retry max ms 8 rate window ms         9 bucket ms
+--   10 write record (0/1)   11 number of scopes n
+--   then 8 values per scope i (base 11 + 8(i-1)):
+--     rpm, tpm, max parallel (0 = none), budget cap micro-USD (0 = none),
+--     budget unit ('h', 'd', 'mo'; '-' = no budget), budget n,
+--     seed micro-USD, seed window start (Unix s; 0 = current window)
+-- Returns an array of integers:
+--   1 status: 1 admitted, 0 rejected, -1 duplicate request id
+--   2 epoch (ms)
+--   3 rejecting scope (1-based; 0 when admitted)
+--   4 limit type: 1 rpm, 2 tpm, 3 parallel, 4 budget
+--   5 retry after ms (-1: never within a window, the cost exceeds the limit)
+--   6 budget spend micro-USD   7 budget cap micro-USD
+--   8 quarantined (0/1)
+--   9-11  tightest requests limit, remaining, reset ms (limit 0: no rpm scope)
+--   12-14 tightest tokens limit, remaining, reset ms (limit 0: no tpm scope)
+--   15 budget window end (Unix s) of the rejecting budget scope, else 0
+
+local now = now_ms()
+local rid = ARGV[1]
+local est = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local lease_ttl = tonumber(ARGV[4])
+local quarantine = tonumber(ARGV[5])
+local record_ttl = tonumber(ARGV[6])
+local par_retry_max = tonumber(ARGV[7])
+local window_ms = tonumber(ARGV[8])
+local bms = tonumber(ARGV[9])
+local write_record = ARGV[10] == '1'
+local n = tonumber(ARGV[11])
+local nb = math.floor(window_ms / bms)
+local cur = math.floor(now / bms)
+local now_s = math.floor(now / 1000)
+
+local epoch = ensure_epoch(now)
+if write_record and redis.call('EXISTS', KEYS[2]) == 1 then
+  return { -1, epoch, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+end
+local quarantine_left = epoch + quarantine - now
+
+-- Phase 1: check every scope; remember what phase 2 needs.
+local st = {}
+local rej = nil
+for i = 1, n do
+  local a = 11 + 8 * (i - 1)
+  local s = {
+    rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), par = tonumber(ARGV[a + 3]),
+    cap = tonumber(ARGV[a + 4]), unit = ARGV[a + 5], bn = tonumber(ARGV[a + 6]),
+    seed = tonumber(ARGV[a + 7]), seed_start = tonumber(ARGV[a + 8]),
+  }
+  st[i] = s
+  if s.rpm > 0 then
+    s.rtotal, s.rlist = win_load(scope_key(i, 1), cur, nb)
+    if not rej and s.rtotal + 1 > s.rpm then
+      rej = { i, 1, win_wait(s.rlist, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
+    end
+  end
+  if s.tpm > 0 then
+    s.ttotal, s.tlist = win_load(scope_key(i, 2), cur, nb)
+    if not rej and s.ttotal + est > s.tpm then
+      rej = { i, 2, win_wait(s.tlist, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
+    end
+  end
+  if s.par > 0 then
+    local pk = scope_key(i, 3)
+    redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+    if not rej then
+      if quarantine_left > 0 then
+        rej = { i, 3, quarantine_left, 0, 0, 1, 0 }
+      elseif redis.call('ZCARD', pk) >= s.par then
+        local first = redis.call('ZRANGE', pk, 0, 0, 'WITHSCORES')
+        local w = par_retry_max
+        if first[2] then w = math.min(tonumber(first[2]) - now, par_retry_max) end
+        if w < 1 then w = 1 end
+        rej = { i, 3, w, 0, 0, 0, 0 }
+      end
+    end
+  end
+  if s.unit ~= '-' then
+    s.widx, s.wstart, s.wend = budget_window(s.unit, s.bn, now_s)
+    s.spend = budget_load(scope_key(i, 4), s.widx, s.wstart, s.wend, s.seed, s.seed_start)
+    if not rej and s.cap > 0 and s.spend >= s.cap then
+      rej = { i, 4, s.wend * 1000 - now, s.spend, s.cap, 0, s.wend }
+    end
+  end
+end
+
+-- Phase 2: consume everywhere, only when nothing rejected.
+if not rej then
+  local rec = { 'est', est, 'cost', cost, 'b', cur }
+  for i = 1, n do
+    local s = st[i]
+    if s.rpm > 0 then
+      win_add(scope_key(i, 1), cur, 1, window_ms + 2 * bms)
+      s.rtotal = s.rtotal + 1
+      s.rlist[#s.rlist + 1] = { cur, 1 }
+    end
+    if s.tpm > 0 then
+      win_add(scope_key(i, 2), cur, est, window_ms + 2 * bms)
+      s.ttotal = s.ttotal + est
+      s.tlist[#s.tlist + 1] = { cur, est }
+    end
+    if s.par > 0 then
+      local pk = scope_key(i, 3)
+      redis.call('ZADD', pk, now + lease_ttl, rid)
+      redis.call('PEXPIRE', pk, 2 * lease_ttl)
+    end
+    if s.unit ~= '-' then
+      redis.call('HINCRBY', scope_key(i, 4), 's', cost)
+      rec[#rec + 1] = 'w' .. i
+      rec[#rec + 1] = s.widx
+    end
+  end
+  if write_record then
+    redis.call('HSET', KEYS[2], unpack(rec))
+    redis.call('PEXPIRE', KEYS[2], record_ttl)
+  end
+end
+
+-- Headers: the tightest rpm and tpm scopes (least remaining); reset is the
+-- time until the oldest counted bucket leaves the window (0: window empty).
+local h = { 0, 0, 0, 0, 0, 0 }
+for i = 1, n do
+  local s = st[i]
+  if s.rpm > 0 then
+    local rem = math.max(s.rpm - s.rtotal, 0)
+    if h[1] == 0 or rem < h[2] then
+      h[1], h[2] = s.rpm, rem
+      h[3] = 0
+      if #s.rlist > 0 then h[3] = (s.rlist[1][1] + nb + 1) * bms - now end
+    end
+  end
+  if s.tpm > 0 then
+    local rem = math.max(s.tpm - s.ttotal, 0)
+    if h[4] == 0 or rem < h[5] then
+      h[4], h[5] = s.tpm, rem
+      h[6] = 0
+      if #s.tlist > 0 then h[6] = (s.tlist[1][1] + nb + 1) * bms - now end
+    end
+  end
+end
+
+if rej then
+  return { 0, epoch, rej[1], rej[2], rej[3], rej[4], rej[5], rej[6], h[1], h[2], h[3], h[4], h[5], h[6], rej[7] }
+end
+return { 1, epoch, 0, 0, 0, 0, 0, 0, h[1], h[2], h[3], h[4], h[5], h[6], 0 }
