@@ -43,7 +43,9 @@ import (
 // `sluice control` binary, built by the benchmark: admin API, config
 // publisher, usage consumer writing spend to Postgres); Postgres is the
 // machine's server. They run during the measurements (usage events flow
-// and are consumed while Sluice is measured), and their CPU is measured
+// and are consumed while Sluice is measured; before each phase the
+// benchmark waits for the ledger to catch up with the previous one), and
+// their CPU is measured
 // from /proc and reported separately. At the end every usage event of the
 // run must be in spend_logs.
 //
@@ -202,9 +204,10 @@ type benchResult struct {
 	streamsCut    int
 }
 
-func measure(tb testing.TB, p benchPath, infra func() infraCPU) benchResult {
+func measure(tb testing.TB, p benchPath, infra func() infraCPU, settle func()) benchResult {
 	var r benchResult
 	infra() // also lowers the priority of new Postgres backends
+	settle()
 	c := benchClient()
 	for range 200 { // warm connections and caches
 		require.NoError(tb, doChat(c, p, benchChatBody))
@@ -216,6 +219,7 @@ func measure(tb testing.TB, p benchPath, infra func() infraCPU) benchResult {
 		lat = append(lat, time.Since(t0))
 	}
 	r.p50, r.p99 = pct(lat, .5), pct(lat, .99)
+	settle()
 
 	var done atomic.Int64
 	var failed atomic.Value
@@ -244,6 +248,7 @@ func measure(tb testing.TB, p benchPath, infra func() infraCPU) benchResult {
 	r.rps = float64(done.Load()) / elapsed.Seconds()
 	r.cpuPerReq = cpu / time.Duration(done.Load())
 
+	settle()
 	ttfcs := make([]time.Duration, 0, benchStreamSeq)
 	var delays time.Duration
 	for range benchStreamSeq {
@@ -479,11 +484,32 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		rounds = v
 	}
 	all := map[string][]benchResult{}
+	// settle waits, before each phase, until the ledger has caught up with
+	// the previous one (publisher buffer and spool empty, spend_logs no
+	// longer growing), so a phase is not measured against the backlog of
+	// the one before it.
+	pg, err := pgx.Connect(ctx, d.dbURL)
+	require.NoError(b, err)
+	defer pg.Close(ctx)
+	settle := func() {
+		deadline := time.Now().Add(time.Minute)
+		last := int64(-1)
+		for time.Now().Before(deadline) {
+			var n int64
+			require.NoError(b, pg.QueryRow(ctx, `SELECT count(*) FROM spend_logs`).Scan(&n))
+			st := p.dp.usage.Stats()
+			if st.Buffered == 0 && st.SpoolBytes == 0 && n == last {
+				return
+			}
+			last = n
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 	var sluiceRequests int64
 	for range b.N {
 		for range rounds {
 			for _, path := range paths {
-				r := measure(b, path, infra)
+				r := measure(b, path, infra, settle)
 				all[path.name] = append(all[path.name], r)
 				if path.name == "sluice" {
 					sluiceRequests += r.requests
@@ -495,9 +521,6 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	// Every usage event of the run reaches spend_logs (the consumer ran
 	// throughout; this waits for its backlog, outside the measurements).
 	lagStart := time.Now()
-	pg, err := pgx.Connect(ctx, d.dbURL)
-	require.NoError(b, err)
-	defer pg.Close(ctx)
 	var rows int64
 	require.Eventually(b, func() bool {
 		require.NoError(b, pg.QueryRow(ctx, `SELECT count(*) FROM spend_logs WHERE key_id = $1`, ten.KeyID).Scan(&rows))
@@ -547,6 +570,11 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		float64(sl.cpuPerReq-dir.cpuPerReq)/float64(rpr.cpuPerReq-dir.cpuPerReq),
 		float64(sl.ttfc50-dir.ttfc50)/float64(rpr.ttfc50-dir.ttfc50),
 		us(sl.chunkDelay-dir.chunkDelay), us(rpr.chunkDelay-dir.chunkDelay))
+	for i := range rounds * b.N {
+		d, r, s := all["direct"][i], all["reverseproxy"][i], all["sluice"][i]
+		fmt.Fprintf(&sb, "round %d: added p50 reverseproxy %s sluice %s (%.2f×); req/s reverseproxy %.0f sluice %.0f (%.2f×)\n", i+1,
+			us(r.p50-d.p50), us(s.p50-d.p50), float64(s.p50-d.p50)/float64(r.p50-d.p50), r.rps, s.rps, s.rps/r.rps)
+	}
 	fmt.Fprintf(&sb, "streams cut and repeated: direct %d, reverseproxy %d, sluice %d (of %d each per round)\n",
 		cut["direct"], cut["reverseproxy"], cut["sluice"], benchStreamSeq)
 	fmt.Fprintf(&sb, "ledger: %d usage events, all %d in spend_logs; consumer backlog drained %s after the last measurement\n",

@@ -83,3 +83,35 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+// The fast paths decode and encode exactly as encoding/json does.
+func TestFastPathsMatchEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "bench", "meta-llama/Llama-3.1-8B", "a<b>&c", `q"uote`, `back\slash`, "tab\t", "é", "\u2028", "\x7f"} {
+		want, _ := json.Marshal(s)
+		require.Equal(t, string(want), string(quote(s)), "quote(%q)", s)
+		var dec string
+		require.NoError(t, json.Unmarshal(want, &dec))
+		if got, ok := plainString(want); ok {
+			require.Equal(t, dec, got, "plainString(%s)", want)
+		}
+	}
+	for _, v := range []string{"0", "7", "128", "999999999999999999", "1e3", "1.0", "-1", "9999999999999999999"} {
+		var want int64
+		wantErr := json.Unmarshal([]byte(v), &want)
+		if got, ok := plainInt([]byte(v)); ok {
+			require.NoError(t, wantErr, v)
+			require.Equal(t, want, got, v)
+		}
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"id":"x","usage":{"prompt_tokens":1}}`, `{"prompt_tokens":1}`},
+		{`{"Usage":{"prompt_tokens":2}}`, `{"prompt_tokens":2}`},
+		{`{"us\u0061ge":{"prompt_tokens":3}, "x":[1,{"usage":4}]}`, `{"prompt_tokens":3}`},
+		{`{"usage":1,"usage":{"a":5}}`, `{"a":5}`},
+		{`{"choices":[{"text":"\"usage\":9"}]}`, ``},
+		{`[{"usage":{}}]`, ``},
+	} {
+		require.True(t, json.Valid([]byte(c.body)))
+		require.Equal(t, c.want, string(memberValue([]byte(c.body), "usage")), c.body)
+	}
+}
