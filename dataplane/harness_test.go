@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +49,7 @@ func startDist(t testing.TB) *dist {
 func (d *dist) startControl(instance string) string {
 	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	cp, err := controlplane.New(ctx, controlplane.Config{
+	cp, err := controlplane.New(ctx, controlplane.Config{Logger: dbgLog("cp"),
 		DatabaseURL: d.dbURL, AdminAddr: "127.0.0.1:0", NATSURL: d.nats.URL, InstanceID: instance,
 		BootstrapToken: testBootstrap, KeyPepper: testPepper, KEK: testKEK,
 		Publish: controlplane.PublishConfig{Debounce: 50 * time.Millisecond, TickInterval: 200 * time.Millisecond},
@@ -70,7 +72,7 @@ type proxy struct {
 func (d *dist) startProxy(region string, maxStale time.Duration) *proxy {
 	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	dp, err := New(ctx, Config{Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
+	dp, err := New(ctx, Config{Logger: dbgLog("dp"), Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
 		MaxStaleness: maxStale, HeartbeatInterval: 200 * time.Millisecond})
 	require.NoError(d.t, err)
 	done := make(chan struct{})
@@ -172,3 +174,12 @@ func waitStatus(t testing.TB, p *proxy, tok string, want int, within time.Durati
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+// dbgLog returns a debug logger to stderr for the planes of a test when
+// SLUICE_TEST_LOG is set (nil, i.e. discard, otherwise).
+func dbgLog(who string) *slog.Logger {
+	if os.Getenv("SLUICE_TEST_LOG") == "" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("who", who)
+}

@@ -59,6 +59,9 @@ const (
 	// beyond it).
 	UsageDuplicateWindow = 10 * time.Minute
 	batchSize            = 500
+	// publishTimeout bounds one event append, so a NATS outage ends a
+	// publishing round quickly instead of stalling it.
+	publishTimeout = 500 * time.Millisecond
 	// leaderLockID is the advisory lock of the publishing leader.
 	leaderLockID = 0x736c7569636532
 )
@@ -193,10 +196,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 		if err := p.lead(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("publisher leadership ended", "error", err)
 		}
+		// Connected (another replica leads, or the failure was not NATS):
+		// try again soon; disconnected: wait for the reconnect.
+		wait := time.Second
+		if p.nc.IsConnected() {
+			wait = 100 * time.Millisecond
+		}
 		select {
 		case <-ctx.Done():
 		case <-reconnected:
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 	}
 	wg.Wait()
@@ -205,7 +214,26 @@ func (p *Publisher) Run(ctx context.Context) error {
 
 // lead tries to become leader and, if it does, publishes until its lock
 // connection fails or ctx is done.
-func (p *Publisher) lead(ctx context.Context) error {
+func (p *Publisher) lead(parent context.Context) error {
+	if !p.nc.IsConnected() {
+		// JetStream calls would only wait out their timeouts; Run retries
+		// as soon as the connection is back.
+		return errors.New("nats is not connected")
+	}
+	// Leadership ends the moment NATS disconnects: a JetStream call in
+	// flight (a compile, a pointer write) would otherwise wait out its
+	// timeout and hold back what the outbox collected meanwhile.
+	ctx, endLeadership := context.WithCancel(parent)
+	defer endLeadership()
+	disconnected := p.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer p.nc.RemoveStatusListener(disconnected)
+	go func() {
+		select {
+		case <-disconnected:
+			endLeadership()
+		case <-ctx.Done():
+		}
+	}()
 	conn, err := pgx.ConnectConfig(ctx, p.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return fmt.Errorf("connect for leader lock: %w", err)
@@ -498,9 +526,11 @@ func (p *Publisher) publishAll(ctx context.Context) (bool, map[string]bool, erro
 					if err != nil {
 						return nil, err
 					}
-					_, err = p.js.Publish(ctx, wire.EventSubject(r.Name), data,
+					pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+					_, err = p.js.Publish(pctx, wire.EventSubject(r.Name), data,
 						jetstream.WithMsgID(wire.EventMsgID(r.Name, uint64(next))),
 						jetstream.WithExpectLastSequence(uint64(next-1)))
+					cancel()
 					if err != nil && !p.appendedBefore(ctx, r.Name, uint64(next), row.Seq) {
 						return nil, fmt.Errorf("publish event %d to region %s: %w", row.Seq, r.Name, err)
 					}

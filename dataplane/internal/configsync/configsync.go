@@ -152,6 +152,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); s.heartbeatLoop(ctx) }()
+	// A reconnect cuts a backoff wait short: after a NATS outage the
+	// catalog must catch up at once, not a backoff period later.
+	reconnected := s.nc.StatusChanged(nats.CONNECTED)
+	defer s.nc.RemoveStatusListener(reconnected)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := s.syncOnce(ctx)
@@ -167,6 +171,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
+		case <-reconnected:
+			backoff = 100 * time.Millisecond
+			continue
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 2*time.Second)
