@@ -21,9 +21,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
 	"github.com/sluicegw/sluice/dataplane/internal/configsync"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
 	"github.com/sluicegw/sluice/dataplane/internal/usage"
 	"github.com/sluicegw/sluice/internal/keyring"
@@ -98,6 +100,28 @@ type Config struct {
 	// retryable upstream failure before its first byte (default
 	// apiproxy.DefaultMaxRetries, 2; negative: none).
 	MaxRetries int
+	// RedisURL is the limits store (redis://host:port/db; default
+	// DefaultRedisURL). RedisClusterAddrs, when set, selects a Redis
+	// Cluster instead.
+	RedisURL          string
+	RedisClusterAddrs []string
+	// RedisKeyPrefix is prepended to every limits key (default
+	// DefaultRedisKeyPrefix); data planes sharing limits share it.
+	RedisKeyPrefix string
+	// LimitsCallTimeout bounds every limits-store call (default
+	// limits.DefaultCallTimeout, 50 ms); slower is unavailable.
+	LimitsCallTimeout time.Duration
+	// LeaseTTL is the life of a concurrency slot without renewal: how long
+	// a killed proxy's slots take to come back (default 30 s).
+	LeaseTTL time.Duration
+	// RateLimitFallback is RateFallbackClosed (default) or
+	// RateFallbackLocal: what rpm/tpm-only requests get while Redis is
+	// unavailable. Budgets and concurrency always fail closed.
+	RateLimitFallback string
+	// DefaultMaxOutputTokens bounds the output of requests without
+	// max_tokens on deployments without max_output_tokens, for token
+	// estimates and budget reservations (default 4096).
+	DefaultMaxOutputTokens int64
 	// Logger (nil: discard).
 	Logger *slog.Logger
 }
@@ -137,6 +161,7 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("key ring (SLUICE_KEK): %w", err))
 		}
 	}
+	errs = append(errs, validateLimits(c)...)
 	return errors.Join(errs...)
 }
 
@@ -157,6 +182,11 @@ type DataPlane struct {
 	registry *prometheus.Registry
 	// proxy serves the OpenAI endpoints.
 	proxy *apiproxy.Handler
+	// rdb is the limits store; alerts publishes budget alerts; fleet
+	// counts the region's live data planes (local rpm/tpm fallback).
+	rdb      redis.UniversalClient
+	alerts   *alertPublisher
+	fleetSub *nats.Subscription
 }
 
 // New validates cfg, connects to NATS (retrying in the background if it
@@ -167,6 +197,15 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 	}
 	if cfg.StalePolicy == "" {
 		cfg.StalePolicy = StalePolicyReject
+	}
+	if cfg.RedisURL == "" && len(cfg.RedisClusterAddrs) == 0 {
+		cfg.RedisURL = DefaultRedisURL
+	}
+	if cfg.RedisKeyPrefix == "" {
+		cfg.RedisKeyPrefix = DefaultRedisKeyPrefix
+	}
+	if cfg.RateLimitFallback == "" {
+		cfg.RateLimitFallback = RateFallbackClosed
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
@@ -189,32 +228,59 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		return nil, fmt.Errorf("connect nats: %w", err)
 	}
 	d := &DataPlane{cfg: cfg, log: log, nc: nc, peppers: peppers}
-	d.sync, err = configsync.New(configsync.Config{
-		Region: cfg.Region, InstanceID: cfg.InstanceID, MaxStaleness: cfg.MaxStaleness,
-		HeartbeatInterval: cfg.HeartbeatInterval, InFlight: d.inFlight.Load, Logger: log, Open: credentialOpener(cfg.KEK, log),
-	}, nc)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
+
 	d.usage, err = usage.New(usage.Config{Region: cfg.Region, BufferSize: cfg.UsageBufferSize,
 		SpoolDir: cfg.UsageSpoolDir, Logger: log}, nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	d.registry = prometheus.NewRegistry()
-	d.registerMetrics()
-	d.proxy, err = apiproxy.New(apiproxy.Config{Catalog: d.sync.Catalog, Gate: d.gate, Peppers: peppers, Usage: d.usage,
-		Registerer: d.registry, Region: cfg.Region, InstanceID: cfg.InstanceID, MaxBodyBytes: cfg.MaxBodyBytes,
-		RequestTimeout: cfg.RequestTimeout, MaxRetries: cfg.MaxRetries, Logger: log})
+	lim, rdb, err := limitsSetup(&cfg)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
+	d.rdb = rdb
+	d.sync, err = configsync.New(configsync.Config{
+		Region: cfg.Region, InstanceID: cfg.InstanceID, MaxStaleness: cfg.MaxStaleness,
+		HeartbeatInterval: cfg.HeartbeatInterval, InFlight: d.inFlight.Load, Logger: log, Open: credentialOpener(cfg.KEK, log),
+		OnCreate: bootstrapEpochs(lim, log),
+	}, nc)
+	if err != nil {
+		d.closeClients()
+		return nil, err
+	}
+	d.registry = prometheus.NewRegistry()
+	d.registerMetrics()
+	if d.alerts, err = newAlertPublisher(nc, cfg.Region, log); err != nil {
+		d.closeClients()
+		return nil, err
+	}
+	var fallback *limits.LocalLimiter
+	if cfg.RateLimitFallback == RateFallbackLocal {
+		hb := cfg.HeartbeatInterval
+		if hb == 0 {
+			hb = configsync.DefaultHeartbeatInterval
+		}
+		fv, sub, err := newFleetView(nc, cfg.Region, cfg.InstanceID, hb)
+		if err != nil {
+			d.closeClients()
+			return nil, fmt.Errorf("subscribe to heartbeats: %w", err)
+		}
+		d.fleetSub = sub
+		fallback = limits.NewLocalLimiter(fv.Live)
+	}
+	d.proxy, err = apiproxy.New(apiproxy.Config{Catalog: d.sync.Catalog, Gate: d.gate, Peppers: peppers, Usage: d.usage,
+		Registerer: d.registry, Region: cfg.Region, InstanceID: cfg.InstanceID, MaxBodyBytes: cfg.MaxBodyBytes,
+		RequestTimeout: cfg.RequestTimeout, MaxRetries: cfg.MaxRetries, Logger: log,
+		Limiter: lim, RateFallback: fallback, Alerts: d.alerts, DefaultMaxOutputTokens: cfg.DefaultMaxOutputTokens})
+	if err != nil {
+		d.closeClients()
+		return nil, err
+	}
 	d.ln, err = net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		nc.Close()
+		d.closeClients()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	protocols := new(http.Protocols)
@@ -266,9 +332,21 @@ func keyVersion(ct []byte) string {
 // Addr returns the bound HTTP address.
 func (d *DataPlane) Addr() string { return d.ln.Addr().String() }
 
+func (d *DataPlane) closeClients() {
+	if d.rdb != nil {
+		_ = d.rdb.Close()
+	}
+	d.nc.Close()
+}
+
 // Run serves until ctx is done.
 func (d *DataPlane) Run(ctx context.Context) error {
-	defer d.nc.Close()
+	defer d.closeClients()
+	// Budget alerts are published until the end, after the last settlement.
+	actx, stopAlerts := context.WithCancel(context.WithoutCancel(ctx))
+	alertsDone := make(chan struct{})
+	go func() { defer close(alertsDone); d.alerts.run(actx) }()
+	defer func() { stopAlerts(); <-alertsDone }()
 	sctx, stopSync := context.WithCancel(ctx)
 	syncDone := make(chan struct{})
 	go func() { defer close(syncDone); _ = d.sync.Run(sctx) }()
@@ -290,7 +368,13 @@ func (d *DataPlane) Run(ctx context.Context) error {
 	}
 	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := d.srv.Shutdown(shutdown); err != nil {
+	err := d.srv.Shutdown(shutdown)
+	// Settlements of the last requests (leases, tpm, budgets) before the
+	// Redis client closes.
+	if derr := d.proxy.Drain(shutdown); derr != nil {
+		d.log.Error("limits settlements still pending at shutdown; their leases expire by TTL", "error", derr)
+	}
+	if err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil

@@ -2,6 +2,8 @@ package dataplane
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/controlplane"
@@ -36,11 +39,18 @@ type dist struct {
 	dbURL string
 	admin string // admin API base URL
 	cps   []context.CancelFunc
+	// redisURL and redisPrefix are the limits store of the test's data
+	// planes: the machine's Redis with a key prefix of the test's own.
+	redisURL, redisPrefix string
 }
 
 func startDist(t testing.TB) *dist {
 	t.Helper()
-	d := &dist{t: t, nats: testsvc.StartNATS(t), dbURL: testsvc.NewDatabase(t)}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	d := &dist{t: t, nats: testsvc.StartNATS(t), dbURL: testsvc.NewDatabase(t),
+		redisURL: "redis://" + testRedisAddr + "/0", redisPrefix: "t" + hex.EncodeToString(b[:]) + ":"}
+	t.Cleanup(func() { cleanRedisPrefix(t, d.redisURL, d.redisPrefix) })
 	d.admin = d.startControl("cp-1")
 	return d
 }
@@ -69,11 +79,15 @@ type proxy struct {
 	cancel context.CancelFunc
 }
 
-func (d *dist) startProxy(region string, maxStale time.Duration) *proxy {
+func (d *dist) startProxy(region string, maxStale time.Duration, opts ...func(*Config)) *proxy {
 	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	dp, err := New(ctx, Config{Logger: dbgLog("dp"), Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
-		MaxStaleness: maxStale, HeartbeatInterval: 200 * time.Millisecond})
+	cfg := Config{Logger: dbgLog("dp"), Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
+		MaxStaleness: maxStale, HeartbeatInterval: 200 * time.Millisecond, RedisURL: d.redisURL, RedisKeyPrefix: d.redisPrefix}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	dp, err := New(ctx, cfg)
 	require.NoError(d.t, err)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = dp.Run(ctx) }()
@@ -182,4 +196,31 @@ func dbgLog(who string) *slog.Logger {
 		return nil
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("who", who)
+}
+
+// testRedisAddr is the machine's Redis; tests fail when it is missing.
+const testRedisAddr = "127.0.0.1:6379"
+
+// cleanRedisPrefix deletes the keys a test left under prefix.
+func cleanRedisPrefix(t testing.TB, url, prefix string) {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var keys []string
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+		if len(keys) == 500 {
+			rdb.Del(ctx, keys...)
+			keys = keys[:0]
+		}
+	}
+	if len(keys) > 0 {
+		rdb.Del(ctx, keys...)
+	}
 }

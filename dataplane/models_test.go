@@ -48,7 +48,7 @@ func (d *dist) startProxyKEK(kek string) (*proxy, *logSink) {
 	d.t.Helper()
 	logs := &logSink{}
 	ctx, cancel := context.WithCancel(context.Background())
-	dp, err := New(ctx, Config{Region: "default", NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: kek,
+	dp, err := New(ctx, Config{Region: "default", NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: kek, RedisKeyPrefix: d.redisPrefix,
 		MaxStaleness: time.Minute, HeartbeatInterval: 200 * time.Millisecond,
 		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	require.NoError(d.t, err)

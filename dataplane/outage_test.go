@@ -18,7 +18,7 @@ import (
 func (d *dist) startProxyPolicy(region string, maxStale time.Duration, policy string) *proxy {
 	d.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	dp, err := New(ctx, Config{Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK,
+	dp, err := New(ctx, Config{Region: region, NATSURL: d.nats.URL, Addr: "127.0.0.1:0", KeyPepper: testPepper, KEK: testKEK, RedisKeyPrefix: d.redisPrefix,
 		MaxStaleness: maxStale, StalePolicy: policy, HeartbeatInterval: 200 * time.Millisecond})
 	require.NoError(d.t, err)
 	done := make(chan struct{})

@@ -62,6 +62,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	dbURL := fs.String("database-url", envOr(getenv, "SLUICE_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/"+devDatabase+"?sslmode=disable"), "Postgres URL; the database is created if missing")
 	stateFile := fs.String("state-file", ".sluice/dev.json", "where to write URLs and tokens as JSON")
 	proxyAddr := fs.String("proxy-addr", dataplane.DefaultAddr, "data-plane proxy listen address")
+	redisURL := fs.String("redis-url", envOr(getenv, "SLUICE_REDIS_URL", dataplane.DefaultRedisURL), "limits store (SLUICE_REDIS_URL)")
 	natsPort := fs.Int("nats-port", 4223, "port of the embedded NATS server (JetStream data under .sluice/nats)")
 	level, format := logFlags(fs, getenv, "text")
 	if err := parseFlags(fs, args); err != nil {
@@ -97,7 +98,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	go func() { errc <- cp.Run(ctx) }()
 	dp, err := dataplane.New(ctx, dataplane.Config{
 		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
-		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log,
+		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log, RedisURL: *redisURL, RedisKeyPrefix: "sluice-dev:",
 	})
 	if err != nil {
 		cancel()

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/sluicegw/sluice/dataplane"
@@ -33,9 +34,29 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	maxBody := fs.Int64("max-body-bytes", dataplane.DefaultMaxBodyBytes, "largest OpenAI request body; larger answers 413 request_too_large")
 	timeout := fs.Duration("request-timeout", defTimeout, "total deadline of one OpenAI request across all attempts, streaming included (SLUICE_REQUEST_TIMEOUT)")
 	retries := fs.Int("max-retries", dataplane.DefaultMaxRetries, "other deployments a request may try after a connect error or 502/503/504 before the first byte (0: none)")
+	redisURL := fs.String("redis-url", envOr(getenv, "SLUICE_REDIS_URL", dataplane.DefaultRedisURL),
+		"limits store, redis://[:password@]host:port/db or rediss:// (SLUICE_REDIS_URL)")
+	redisCluster := fs.String("redis-cluster", envOr(getenv, "SLUICE_REDIS_CLUSTER", ""),
+		"comma-separated Redis Cluster seed addresses; replaces --redis-url (SLUICE_REDIS_CLUSTER)")
+	redisPrefix := fs.String("redis-key-prefix", envOr(getenv, "SLUICE_REDIS_KEY_PREFIX", dataplane.DefaultRedisKeyPrefix),
+		"prefix of every limits key; data planes that share limits share it (SLUICE_REDIS_KEY_PREFIX)")
+	callTimeout := fs.Duration("limits-call-timeout", dataplane.DefaultLimitsCallTimeout,
+		"deadline of every limits-store call; slower counts as unavailable and fails closed")
+	leaseTTL := fs.Duration("lease-ttl", dataplane.DefaultLeaseTTL,
+		"life of a concurrency slot without renewal: how fast a killed proxy's slots come back")
+	fallback := fs.String("rate-limit-fallback", envOr(getenv, "SLUICE_RATE_LIMIT_FALLBACK", dataplane.RateFallbackClosed),
+		"rpm/tpm while Redis is unavailable: closed (503 limits_unavailable) or local (limit ÷ live data planes); budgets and concurrency always fail closed (SLUICE_RATE_LIMIT_FALLBACK)")
+	defMaxOut := fs.Int64("default-max-output-tokens", dataplane.DefaultMaxOutputTokens,
+		"output bound for token estimates and budget reservations of requests without max_tokens on deployments without max_output_tokens")
 	level, format := logFlags(fs, getenv, "json")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	var clusterAddrs []string
+	for _, a := range strings.Split(*redisCluster, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			clusterAddrs = append(clusterAddrs, a)
+		}
 	}
 	if *retries == 0 {
 		*retries = -1 // the data plane reads 0 as "default"
@@ -57,6 +78,9 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		StalePolicy: *policy, KeyPepper: pepper, KEK: kek, Logger: log,
 		UsageSpoolDir: *spoolDir, UsageBufferSize: *bufSize,
 		MaxBodyBytes: *maxBody, RequestTimeout: *timeout, MaxRetries: *retries,
+		RedisURL: *redisURL, RedisClusterAddrs: clusterAddrs, RedisKeyPrefix: *redisPrefix,
+		LimitsCallTimeout: *callTimeout, LeaseTTL: *leaseTTL, RateLimitFallback: *fallback,
+		DefaultMaxOutputTokens: *defMaxOut,
 	})
 	if err != nil {
 		return err

@@ -49,7 +49,16 @@ const (
 	UsageSubjectAll = "sluice.usage.>"
 	// HeartbeatSubjectAll subscribes to every heartbeat.
 	HeartbeatSubjectAll = "sluice.fleet.heartbeat.>"
+	// AlertStream is the JetStream stream of budget alerts
+	// (sluice.usage.v1.BudgetAlert); messages carry the alert id as dedupe
+	// id. The control plane records them (AlertService.ListAlerts).
+	AlertStream = "SLUICE_ALERTS"
+	// AlertSubjectAll matches every region's alert subject.
+	AlertSubjectAll = "sluice.alerts.>"
 )
+
+// AlertSubject is where region's data planes publish budget alerts.
+func AlertSubject(region string) string { return "sluice.alerts." + region }
 
 var regionPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 

@@ -63,6 +63,29 @@ type Catalog struct {
 	groups      map[string]*configv1.ModelGroup
 	deployments map[string]*Deployment
 	open        OpenFunc
+
+	// seeds are the snapshot's durable budget spends (never changed by
+	// events: the next snapshot brings fresh ones).
+	seeds map[seedKey]Seed
+}
+
+type seedKey struct{ kind, id, window string }
+
+// Seed is the durable spend of a budget scope in one window (from the
+// ledger, carried in snapshots).
+type Seed struct {
+	SpendMicros int64
+	// WindowStart is the window's start, Unix seconds.
+	WindowStart int64
+}
+
+// BudgetSeed returns the durable spend of scope (kind, id) in the window
+// of length window that was current when the snapshot was compiled; ok is
+// false when the snapshot carries none (the spend was 0 or the scope had no
+// budget then).
+func (c *Catalog) BudgetSeed(kind, id, window string) (Seed, bool) {
+	s, ok := c.seeds[seedKey{kind, id, window}]
+	return s, ok
 }
 
 // OpenFunc decrypts a deployment credential sealed by the control plane's
@@ -131,6 +154,12 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 	}
 	for _, d := range s.Deployments {
 		c.deployments[d.GetId()] = newDeployment(d, open)
+	}
+	if len(s.BudgetSeeds) > 0 {
+		c.seeds = make(map[seedKey]Seed, len(s.BudgetSeeds))
+		for _, b := range s.BudgetSeeds {
+			c.seeds[seedKey{b.GetKind(), b.GetId(), b.GetWindow()}] = Seed{SpendMicros: b.GetSpendMicros(), WindowStart: b.GetWindowStart()}
+		}
 	}
 	for _, k := range s.Keys {
 		if len(k.GetHash()) != 32 {
@@ -452,6 +481,12 @@ func (c *Catalog) Equal(o *Catalog) error {
 func (c *Catalog) Customer(orgID, externalID string) *configv1.Customer {
 	return c.byExternal[customerKey{orgID, externalID}]
 }
+
+// HasOrg reports whether the catalog holds the org.
+func (c *Catalog) HasOrg(id string) bool { return c.orgs[id] != nil }
+
+// HasDeployment reports whether the catalog holds the deployment.
+func (c *Catalog) HasDeployment(id string) bool { return c.deployments[id] != nil }
 
 // HasModelGroup reports whether the model group exists.
 func (c *Catalog) HasModelGroup(name string) bool { return c.groups[name] != nil }

@@ -50,6 +50,10 @@ type Config struct {
 	// InFlight reports requests in flight, for heartbeats (nil: 0).
 	InFlight func() int64
 	Logger   *slog.Logger
+	// OnCreate, when set, is called with the org ids and deployment ids an
+	// event creates (absent from the catalog before it), before the
+	// catalog that holds them is published. It must return quickly.
+	OnCreate func(orgs, deployments []string)
 }
 
 // Stats are counters for metrics.
@@ -373,6 +377,23 @@ func (s *Syncer) step(c *catalog.Catalog, re *configv1.RegionEvent) (*catalog.Ca
 	return n, nil
 }
 
+// created reports the org or deployment ev creates to Config.OnCreate.
+func (s *Syncer) created(prev *catalog.Catalog, ev *configv1.Event) {
+	if s.cfg.OnCreate == nil {
+		return
+	}
+	switch ch := ev.GetChange().(type) {
+	case *configv1.Event_Org:
+		if !prev.HasOrg(ch.Org.GetId()) {
+			s.cfg.OnCreate([]string{ch.Org.GetId()}, nil)
+		}
+	case *configv1.Event_Deployment:
+		if !prev.HasDeployment(ch.Deployment.GetId()) {
+			s.cfg.OnCreate(nil, []string{ch.Deployment.GetId()})
+		}
+	}
+}
+
 // consume applies the region's events from start on, for generation gen.
 func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 	cons, err := s.js.OrderedConsumer(ctx, wire.EventStream(s.cfg.Region), jetstream.OrderedConsumerConfig{
@@ -406,8 +427,10 @@ func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 			s.writeMu.Unlock()
 			return nil // a newer snapshot took over
 		}
-		n, err := s.step(s.cat.Load(), re)
+		prev := s.cat.Load()
+		n, err := s.step(prev, re)
 		if err == nil {
+			s.created(prev, re.GetEvent())
 			s.cat.Store(n)
 		}
 		s.writeMu.Unlock()

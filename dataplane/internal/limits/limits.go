@@ -21,22 +21,29 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicegw/sluice/internal/budget"
 )
 
 // Scope kinds: the levels of SPEC §3 plus the per-model and deployment
 // scopes. The ID of a per-model scope is composed by the caller (e.g.
 // "<key id>/<model>").
 const (
-	KindKey        = "key"
-	KindUser       = "user"
-	KindMember     = "member"
-	KindTeam       = "team"
-	KindOrg        = "org"
-	KindCustomer   = "customer"
-	KindKeyModel   = "key_model"
-	KindTeamModel  = "team_model"
-	KindDeployment = "deployment"
+	KindKey        = budget.KindKey
+	KindUser       = budget.KindUser
+	KindMember     = budget.KindMember
+	KindTeam       = budget.KindTeam
+	KindOrg        = budget.KindOrg
+	KindCustomer   = budget.KindCustomer
+	KindKeyModel   = budget.KindKeyModel
+	KindTeamModel  = budget.KindTeamModel
+	KindDeployment = budget.KindDeployment
 )
+
+// BudgetWindow returns the budget window containing t (budget.Window).
+func BudgetWindow(window string, t time.Time) (start, end time.Time, err error) {
+	return budget.Window(window, t)
+}
 
 var validKinds = map[string]bool{
 	KindKey: true, KindUser: true, KindMember: true, KindTeam: true, KindOrg: true,
@@ -255,6 +262,8 @@ type BudgetAlert struct {
 	SpendMicros int64
 	CapMicros   int64
 	SoftMicros  int64
+	// Window is the scope's budget_duration.
+	Window string
 }
 
 // Config configures a Limiter. Zero durations take the defaults.
@@ -344,8 +353,42 @@ func New(cfg Config) (*Limiter, error) {
 // RenewInterval is how often a caller should Renew each live request.
 func (l *Limiter) RenewInterval() time.Duration { return l.cfg.RenewInterval }
 
+// Bootstrap marks an org's Redis state as known-new: it creates the org's
+// epoch key, unless it exists, with an epoch that is already past its
+// quarantine. Data planes call it when an event creates an org (or a
+// deployment, see DeploymentOrg): a missing epoch then means lost state,
+// not a new org, and a new org's first requests are not quarantined. An
+// existing epoch is never changed, so a loss stays detected.
+func (l *Limiter) Bootstrap(ctx context.Context, orgID string) error {
+	if !validTagPart(orgID) {
+		return fmt.Errorf("%w: org id %q", ErrInvalidRequest, orgID)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+	defer cancel()
+	c, ok := l.cfg.Client.(redis.Cmdable)
+	if !ok {
+		return fmt.Errorf("%w: client cannot run SET", ErrUnavailable)
+	}
+	if err := c.SetNX(ctx, newKeyBuilder(l.cfg.KeyPrefix, orgID).epoch(), 0, 0).Err(); err != nil {
+		return fmt.Errorf("limits bootstrap: %w: %w", ErrUnavailable, err)
+	}
+	return nil
+}
+
+// DeploymentOrg is the hash-tag owner of a deployment's fleet-wide
+// max_concurrency leases: deployments are shared by orgs, so their leases
+// live in a slot of their own and are taken by a call of their own.
+func DeploymentOrg(deploymentID string) string { return "deployment:" + deploymentID }
+
+// LeaseTTL is how long a lease lives without renewal.
+func (l *Limiter) LeaseTTL() time.Duration { return l.cfg.LeaseTTL }
+
+// Needs reports whether the lease holds anything in Redis to renew or
+// settle (false for requests limited by rpm only).
+func (l *Lease) Needs() bool { return l.needs }
+
 // validate checks req before any Redis call.
-func validate(req *Request) ([]budgetUnit, error) {
+func validate(req *Request) ([]budget.Unit, error) {
 	var errs []error
 	if !validTagPart(req.OrgID) {
 		errs = append(errs, fmt.Errorf("org id %q must be non-empty without '{' or '}'", req.OrgID))
@@ -356,7 +399,7 @@ func validate(req *Request) ([]budgetUnit, error) {
 	if req.EstTokens < 0 || req.MaxCostMicros < 0 {
 		errs = append(errs, errors.New("estimated tokens and max cost must be ≥ 0"))
 	}
-	units := make([]budgetUnit, len(req.Scopes))
+	units := make([]budget.Unit, len(req.Scopes))
 	for i, s := range req.Scopes {
 		if !validKinds[s.Kind] || s.ID == "" {
 			errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
@@ -365,7 +408,7 @@ func validate(req *Request) ([]budgetUnit, error) {
 			errs = append(errs, fmt.Errorf("scope %s %s: negative limit", s.Kind, s.ID))
 		}
 		if s.Budget != nil {
-			u, err := parseWindow(s.Budget.Window)
+			u, err := budget.ParseWindow(s.Budget.Window)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("scope %s %s: %w", s.Kind, s.ID, err))
 			}
@@ -405,7 +448,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	for i, s := range req.Scopes {
 		unit, n, budgetCap, seed, seedStart := "-", int64(0), int64(0), int64(0), int64(0)
 		if s.Budget != nil {
-			unit, n, budgetCap = units[i].unit, units[i].n, s.Budget.CapMicros
+			unit, n, budgetCap = units[i].Unit, units[i].N, s.Budget.CapMicros
 			seed, seedStart = s.Budget.SeedMicros, s.Budget.SeedWindowStart
 			lease.needs = true
 		}
@@ -553,7 +596,7 @@ func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actual
 		s := lease.scopes[i]
 		res.Alerts = append(res.Alerts, BudgetAlert{
 			Scope: ScopeRef{Kind: s.Kind, ID: s.ID}, Percent: vals[j+1], SpendMicros: vals[j+2],
-			CapMicros: s.Budget.CapMicros, SoftMicros: s.Budget.SoftMicros,
+			CapMicros: s.Budget.CapMicros, SoftMicros: s.Budget.SoftMicros, Window: s.Budget.Window,
 		})
 	}
 	return res, nil
@@ -568,11 +611,11 @@ func appendBudgetArgs(args []any, b *Budget, withCaps bool) []any {
 		}
 		return append(args, "-", 0, 0, 0)
 	}
-	u, _ := parseWindow(b.Window) // validated by Admit
+	u, _ := budget.ParseWindow(b.Window) // validated by Admit
 	if withCaps {
-		return append(args, u.unit, u.n, b.CapMicros, b.SoftMicros, b.SeedMicros, b.SeedWindowStart)
+		return append(args, u.Unit, u.N, b.CapMicros, b.SoftMicros, b.SeedMicros, b.SeedWindowStart)
 	}
-	return append(args, u.unit, u.n, b.SeedMicros, b.SeedWindowStart)
+	return append(args, u.Unit, u.N, b.SeedMicros, b.SeedWindowStart)
 }
 
 func boolArg(b bool) int {

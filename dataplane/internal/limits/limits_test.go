@@ -16,6 +16,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/internal/budget"
 )
 
 const redisAddr = "127.0.0.1:6379"
@@ -543,9 +545,9 @@ func TestBudgetWindowLuaMatchesGo(t *testing.T) {
 	}
 	for _, w := range []string{"1h", "24h", "1d", "7d", "30d", "366d", "1mo", "3mo", "5mo", "12mo"} {
 		for _, at := range times {
-			u, err := parseWindow(w)
+			u, err := budget.ParseWindow(w)
 			require.NoError(t, err)
-			v, err := b.rdb.Eval(context.Background(), src, nil, u.unit, u.n, at.Unix()).Int64Slice()
+			v, err := b.rdb.Eval(context.Background(), src, nil, u.Unit, u.N, at.Unix()).Int64Slice()
 			require.NoError(t, err)
 			start, end, err := BudgetWindow(w, at)
 			require.NoError(t, err)

@@ -34,29 +34,46 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 	h := x.h
 	var last *Error
 	next := 0
+	var wait time.Duration // shortest retry-after of a deployment at its cap
 	for x.attempts <= h.retries {
 		var c *candidate
 		for ; next < len(cands) && c == nil; next++ {
-			if cands[next].st.tryAcquire(cands[next].d.GetMaxConcurrency()) {
-				c = &cands[next]
+			cand := &cands[next]
+			if !cand.st.tryAcquire(cand.d.GetMaxConcurrency()) {
+				continue
 			}
+			// The fleet-wide max_concurrency lease (Redis), after the
+			// per-instance one.
+			dl, rej, e := x.admitDeployment(ctx, cand.d)
+			switch {
+			case e != nil:
+				cand.st.release()
+				return e
+			case rej != nil:
+				cand.st.release()
+				if wait == 0 || rej.RetryAfter < wait {
+					wait = rej.RetryAfter
+				}
+				continue
+			}
+			if dl != nil {
+				x.leases.setDep(dl)
+				x.startRenewal()
+			}
+			c = cand
 		}
 		if c == nil {
 			if last != nil {
 				return last
 			}
-			return unavailable(CodeOverloaded, fmt.Sprintf("every deployment of model %q is at its concurrency limit", x.group), time.Second)
+			return unavailable(CodeOverloaded, fmt.Sprintf("every deployment of model %q is at its concurrency limit", x.group), max(wait, time.Second))
 		}
 		if x.attempts > 0 {
 			h.series.group(x.group).retries.Inc()
 		}
 		x.attempts++
 		x.dep = c.d
-		g := h.series.upstreamInFlight(c.d.GetId())
-		g.Inc()
-		out := x.attempt(ctx, clientCtx, w, c)
-		g.Dec()
-		c.st.release()
+		out := x.attemptHeld(ctx, clientCtx, w, c)
 		if out.err == nil {
 			return nil
 		}
@@ -66,6 +83,20 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 		last = out.err
 	}
 	return last
+}
+
+// attemptHeld runs one attempt on c and releases what the attempt holds
+// (the per-instance slot, the in-flight gauge, the deployment lease) on
+// every exit, panics included.
+func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWriter, c *candidate) outcome {
+	g := x.h.series.upstreamInFlight(c.d.GetId())
+	g.Inc()
+	defer func() {
+		g.Dec()
+		c.st.release()
+		x.releaseDeploymentLease()
+	}()
+	return x.attempt(ctx, clientCtx, w, c)
 }
 
 // upstreamURL joins a deployment's api_base (".../v1") and a route.
@@ -154,6 +185,9 @@ func (x *exchange) transportFailure(ctx, clientCtx context.Context, c *candidate
 	case clientCtx.Err() != nil:
 		return outcome{err: clientClosed()}
 	case ctx.Err() != nil:
+		if errors.Is(context.Cause(ctx), errLeaseLost) {
+			return outcome{err: limitsUnavailable(errLeaseLost.Error())}
+		}
 		x.h.m.upstreamErrors.WithLabelValues(c.d.GetId(), "timeout").Inc()
 		return outcome{err: timeout(x.h.cfg.RequestTimeout)}
 	}
@@ -228,6 +262,9 @@ func (x *exchange) readFailure(ctx, clientCtx context.Context, err error) *Error
 	case clientCtx.Err() != nil:
 		return clientClosed()
 	case ctx.Err() != nil:
+		if errors.Is(context.Cause(ctx), errLeaseLost) {
+			return limitsUnavailable(errLeaseLost.Error())
+		}
 		x.h.m.upstreamErrors.WithLabelValues(x.dep.GetId(), "timeout").Inc()
 		return timeout(x.h.cfg.RequestTimeout)
 	}

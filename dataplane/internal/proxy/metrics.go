@@ -19,6 +19,15 @@ type metrics struct {
 	ejections        *prometheus.CounterVec
 	retries          *prometheus.CounterVec
 	upstreamInFlight *prometheus.GaugeVec
+
+	limitRejections      *prometheus.CounterVec
+	limitsUnavailable    *prometheus.CounterVec
+	limitsFallback       *prometheus.CounterVec
+	budgetAlerts         *prometheus.CounterVec
+	pendingSettles       prometheus.Gauge
+	settleFailures       prometheus.Counter
+	settlesWithoutRecord prometheus.Counter
+	leasesReasserted     prometheus.Counter
 }
 
 // durationBuckets span fast embeddings to long generations (seconds).
@@ -61,9 +70,42 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sluice_proxy_upstream_in_flight",
 			Help: "Requests this instance has in flight at each deployment (max_concurrency applies to it).",
 		}, []string{"deployment"}),
+		limitRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_limit_rejections_total",
+			Help: "Requests (or deployment attempts) refused by a limit, by scope kind and limit (rpm, tpm, parallel, budget).",
+		}, []string{"scope_kind", "limit"}),
+		limitsUnavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_limits_unavailable_total",
+			Help: "Limits-store calls that failed or timed out, by operation (admit, renew, settle).",
+		}, []string{"op"}),
+		limitsFallback: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_limits_fallback_total",
+			Help: "Requests decided by the local rpm/tpm fallback while the limits store was unavailable, by outcome (admitted, rejected, refused).",
+		}, []string{"outcome"}),
+		budgetAlerts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_budget_alerts_total",
+			Help: "Budget alerts fired by this instance, by scope kind and threshold (percent of the cap; 0 = soft budget).",
+		}, []string{"scope_kind", "threshold"}),
+		pendingSettles: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_proxy_limits_pending_settles",
+			Help: "Settlements of finished requests not yet applied in the limits store.",
+		}),
+		settleFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_proxy_limits_settle_failures_total",
+			Help: "Settlements given up after retrying (leases then expire by TTL; counters keep the reservation).",
+		}),
+		settlesWithoutRecord: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_proxy_limits_settles_without_record_total",
+			Help: "Settlements that found no admission record in the limits store (state lost): usage charged in full.",
+		}),
+		leasesReasserted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_proxy_limits_leases_reasserted_total",
+			Help: "Renewals that re-asserted a live request the limits store had lost (after a restart).",
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.upstreamErrors, m.credentialErrors,
-		m.ejections, m.retries, m.upstreamInFlight} {
+		m.ejections, m.retries, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
+		m.budgetAlerts, m.pendingSettles, m.settleFailures, m.settlesWithoutRecord, m.leasesReasserted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -34,6 +34,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,6 +42,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/authn"
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/internal/token"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
@@ -121,6 +123,21 @@ type Config struct {
 	Transport http.RoundTripper
 	// Logger takes the access log and errors (nil: discard).
 	Logger *slog.Logger
+	// Limiter enforces the limits of every scope in Redis (SPEC §8). Nil:
+	// no limits store; every request whose scopes carry a limit is refused
+	// with 503 limits_unavailable (fail closed), and deployments'
+	// max_concurrency applies per instance only. Only tests run without one.
+	Limiter *limits.Limiter
+	// RateFallback, when set, admits requests whose only limits are rpm/tpm
+	// by this instance's local share while Redis is unavailable (nil: such
+	// requests fail closed too). Budget and concurrency never fall back.
+	RateFallback *limits.LocalLimiter
+	// Alerts receives budget alerts (nil: only counted and logged).
+	Alerts AlertSink
+	// DefaultMaxOutputTokens is the output bound used for estimates when
+	// neither the request nor the deployment sets one (0:
+	// DefaultMaxOutputTokens).
+	DefaultMaxOutputTokens int64
 }
 
 // Handler serves the OpenAI endpoints.
@@ -132,6 +149,10 @@ type Handler struct {
 	states  states
 	client  *http.Client
 	retries int
+	// defaultMaxOut is Config.DefaultMaxOutputTokens with its default.
+	defaultMaxOut int64
+	// pending counts settlements not yet done (Drain waits for them).
+	pending sync.WaitGroup
 }
 
 // New validates cfg and registers the metrics.
@@ -149,7 +170,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Registerer == nil {
 		errs = append(errs, errors.New("proxy: a metrics Registerer is required"))
 	}
-	if cfg.MaxBodyBytes < 0 || cfg.RequestTimeout < 0 {
+	if cfg.MaxBodyBytes < 0 || cfg.RequestTimeout < 0 || cfg.DefaultMaxOutputTokens < 0 {
 		errs = append(errs, errors.New("proxy: MaxBodyBytes and RequestTimeout must not be negative"))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -161,7 +182,10 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = DefaultRequestTimeout
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries}
+	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries, defaultMaxOut: cfg.DefaultMaxOutputTokens}
+	if h.defaultMaxOut == 0 {
+		h.defaultMaxOut = DefaultMaxOutputTokens
+	}
 	switch {
 	case h.retries == 0:
 		h.retries = DefaultMaxRetries
@@ -284,6 +308,18 @@ type exchange struct {
 	// completion tokens seen when a stream ends without usage.
 	contentChunks int64
 	ttft          time.Duration
+
+	// cust is the end customer's record when the org knows it.
+	cust *configv1.Customer
+	// Limits: the admission lease (nil: nothing to settle in Redis), the
+	// fallback admission, the token estimate, the live leases renewed
+	// while the request runs, and the renewal's stop and abort.
+	lease     *limits.Lease
+	localReq  *limits.Request
+	estTokens int64
+	leases    liveLeases
+	renewStop chan struct{}
+	abort     context.CancelCauseFunc
 }
 
 func (h *Handler) inference(route string) http.Handler {
@@ -354,6 +390,15 @@ func (x *exchange) serve(w http.ResponseWriter, r *http.Request) *Error {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), h.cfg.RequestTimeout)
 	defer cancel()
+	ctx, x.abort = context.WithCancelCause(ctx)
+	defer x.abort(nil)
+	if e := x.admit(ctx, w, cat, cands); e != nil {
+		return e
+	}
+	if x.lease != nil {
+		x.leases.main = x.lease
+		x.startRenewal()
+	}
 	return x.forward(ctx, r.Context(), w, cands)
 }
 
@@ -414,7 +459,8 @@ func (x *exchange) customerBlocked(cat *catalog.Catalog) *Error {
 	if x.customer == "" {
 		return nil
 	}
-	if cu := cat.Customer(x.p.Key.GetOrgId(), x.customer); cu != nil && cu.GetBlocked() {
+	x.cust = cat.Customer(x.p.Key.GetOrgId(), x.customer)
+	if cu := x.cust; cu != nil && cu.GetBlocked() {
 		return forbidden(CodeCustomerBlocked, HeaderEndUser, "access denied: the end customer named in "+HeaderEndUser+" is blocked")
 	}
 	return nil
@@ -453,6 +499,11 @@ func (x *exchange) finish() {
 		ev.CostUsd = cost(d.GetPrices(), x.prompt, x.cached, x.completion)
 	}
 	h.cfg.Usage.Record(ev)
+	x.stopRenewal()
+	x.releaseDeploymentLease()
+	if x.lease != nil || x.localReq != nil {
+		x.settleLeases(x.prompt+x.completion, ev.CostUsd)
+	}
 
 	h.series.requests(x.route, x.group, x.status).Inc()
 	g := h.series.group(x.group)

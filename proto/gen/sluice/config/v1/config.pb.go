@@ -805,15 +805,18 @@ type Snapshot struct {
 	Version   uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Sequence number (outbox seq) of the last event this snapshot includes.
-	EventsSeq     uint64        `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
-	Orgs          []*Org        `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
-	Teams         []*Team       `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
-	Users         []*User       `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
-	Members       []*Member     `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
-	Customers     []*Customer   `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
-	Keys          []*Key        `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
-	ModelGroups   []*ModelGroup `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
-	Deployments   []*Deployment `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"` // Field numbers 22–39 are reserved for routes and policies.
+	EventsSeq   uint64        `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
+	Orgs        []*Org        `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
+	Teams       []*Team       `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
+	Users       []*User       `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
+	Members     []*Member     `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
+	Customers   []*Customer   `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
+	Keys        []*Key        `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
+	ModelGroups []*ModelGroup `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
+	Deployments []*Deployment `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	// Field numbers 22–39 are reserved for routes and policies.
+	// Durable spend of every budgeted scope in its window at compile time.
+	BudgetSeeds   []*BudgetSeed `protobuf:"bytes,40,rep,name=budget_seeds,json=budgetSeeds,proto3" json:"budget_seeds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -932,6 +935,109 @@ func (x *Snapshot) GetDeployments() []*Deployment {
 	return nil
 }
 
+func (x *Snapshot) GetBudgetSeeds() []*BudgetSeed {
+	if x != nil {
+		return x.BudgetSeeds
+	}
+	return nil
+}
+
+// BudgetSeed is the durable spend (from the ledger, spend_logs) of one
+// budgeted scope in the budget window that contained the snapshot's
+// compile time. A data plane starts a Redis budget counter from it when the
+// counter is missing (first use, or Redis lost its state), so a Redis
+// restart never resets spend to zero (issue 5).
+type BudgetSeed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	OrgId string                 `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// Scope kind and id as internal/budget composes them: "key" key id,
+	// "user" user id, "member" "<team>/<user>", "team", "org", "customer"
+	// (customer record id), "key_model" "<key>/<model group>",
+	// "team_model" "<team>/<model group>".
+	Kind string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Id   string `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	// The budget_duration the spend was summed for, and the window's start
+	// (Unix seconds, internal/budget.Window).
+	Window      string `protobuf:"bytes,4,opt,name=window,proto3" json:"window,omitempty"`
+	WindowStart int64  `protobuf:"varint,5,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	// Spend in micro-USD (rounded up).
+	SpendMicros   int64 `protobuf:"varint,6,opt,name=spend_micros,json=spendMicros,proto3" json:"spend_micros,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetSeed) Reset() {
+	*x = BudgetSeed{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetSeed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetSeed) ProtoMessage() {}
+
+func (x *BudgetSeed) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetSeed.ProtoReflect.Descriptor instead.
+func (*BudgetSeed) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *BudgetSeed) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *BudgetSeed) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *BudgetSeed) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BudgetSeed) GetWindow() string {
+	if x != nil {
+		return x.Window
+	}
+	return ""
+}
+
+func (x *BudgetSeed) GetWindowStart() int64 {
+	if x != nil {
+		return x.WindowStart
+	}
+	return 0
+}
+
+func (x *BudgetSeed) GetSpendMicros() int64 {
+	if x != nil {
+		return x.SpendMicros
+	}
+	return 0
+}
+
 type ModelGroup struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -941,7 +1047,7 @@ type ModelGroup struct {
 
 func (x *ModelGroup) Reset() {
 	*x = ModelGroup{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1059,7 @@ func (x *ModelGroup) String() string {
 func (*ModelGroup) ProtoMessage() {}
 
 func (x *ModelGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1072,7 @@ func (x *ModelGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroup.ProtoReflect.Descriptor instead.
 func (*ModelGroup) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ModelGroup) GetName() string {
@@ -989,7 +1095,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1107,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1120,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Capabilities) GetTools() bool {
@@ -1063,7 +1169,7 @@ type Prices struct {
 
 func (x *Prices) Reset() {
 	*x = Prices{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1181,7 @@ func (x *Prices) String() string {
 func (*Prices) ProtoMessage() {}
 
 func (x *Prices) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1194,7 @@ func (x *Prices) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prices.ProtoReflect.Descriptor instead.
 func (*Prices) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Prices) GetInputPerToken() float64 {
@@ -1135,7 +1241,7 @@ type Deployment struct {
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1253,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1266,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Deployment) GetId() string {
@@ -1251,7 +1357,7 @@ type MemberRef struct {
 
 func (x *MemberRef) Reset() {
 	*x = MemberRef{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1263,7 +1369,7 @@ func (x *MemberRef) String() string {
 func (*MemberRef) ProtoMessage() {}
 
 func (x *MemberRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1276,7 +1382,7 @@ func (x *MemberRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRef.ProtoReflect.Descriptor instead.
 func (*MemberRef) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MemberRef) GetTeamId() string {
@@ -1306,7 +1412,7 @@ type BlockChange struct {
 
 func (x *BlockChange) Reset() {
 	*x = BlockChange{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1318,7 +1424,7 @@ func (x *BlockChange) String() string {
 func (*BlockChange) ProtoMessage() {}
 
 func (x *BlockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1331,7 +1437,7 @@ func (x *BlockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockChange.ProtoReflect.Descriptor instead.
 func (*BlockChange) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *BlockChange) GetObjectType() string {
@@ -1394,7 +1500,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1406,7 +1512,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1419,7 +1525,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1729,7 +1835,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1847,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1860,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegionEvent) GetRegion() string {
@@ -1800,7 +1906,7 @@ type SnapshotPointer struct {
 
 func (x *SnapshotPointer) Reset() {
 	*x = SnapshotPointer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1918,7 @@ func (x *SnapshotPointer) String() string {
 func (*SnapshotPointer) ProtoMessage() {}
 
 func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1931,7 @@ func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPointer.ProtoReflect.Descriptor instead.
 func (*SnapshotPointer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SnapshotPointer) GetVersion() uint64 {
@@ -1881,7 +1987,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1999,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2012,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Tick) GetAt() *timestamppb.Timestamp {
@@ -1935,7 +2041,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2053,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2066,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -2005,7 +2111,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2017,7 +2123,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2030,7 +2136,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Heartbeat) GetInstanceId() string {
@@ -2199,7 +2305,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"old_hashes\x18\x11 \x03(\v2\x19.sluice.config.v1.OldHashR\toldHashes\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc6\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x05\n" +
 	"\bSnapshot\x12%\n" +
 	"\x0eschema_version\x18\x01 \x01(\rR\rschemaVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
@@ -2215,7 +2321,16 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\tcustomers\x18\x0e \x03(\v2\x1a.sluice.config.v1.CustomerR\tcustomers\x12)\n" +
 	"\x04keys\x18\x0f \x03(\v2\x15.sluice.config.v1.KeyR\x04keys\x12?\n" +
 	"\fmodel_groups\x18\x14 \x03(\v2\x1c.sluice.config.v1.ModelGroupR\vmodelGroups\x12>\n" +
-	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\" \n" +
+	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\x12?\n" +
+	"\fbudget_seeds\x18( \x03(\v2\x1c.sluice.config.v1.BudgetSeedR\vbudgetSeeds\"\xa5\x01\n" +
+	"\n" +
+	"BudgetSeed\x12\x15\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x12\n" +
+	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x0e\n" +
+	"\x02id\x18\x03 \x01(\tR\x02id\x12\x16\n" +
+	"\x06window\x18\x04 \x01(\tR\x06window\x12!\n" +
+	"\fwindow_start\x18\x05 \x01(\x03R\vwindowStart\x12!\n" +
+	"\fspend_micros\x18\x06 \x01(\x03R\vspendMicros\" \n" +
 	"\n" +
 	"ModelGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xaf\x01\n" +
@@ -2336,7 +2451,7 @@ func file_sluice_config_v1_config_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_sluice_config_v1_config_proto_goTypes = []any{
 	(TrafficClass)(0),             // 0: sluice.config.v1.TrafficClass
 	(*Limits)(nil),                // 1: sluice.config.v1.Limits
@@ -2348,74 +2463,76 @@ var file_sluice_config_v1_config_proto_goTypes = []any{
 	(*OldHash)(nil),               // 7: sluice.config.v1.OldHash
 	(*Key)(nil),                   // 8: sluice.config.v1.Key
 	(*Snapshot)(nil),              // 9: sluice.config.v1.Snapshot
-	(*ModelGroup)(nil),            // 10: sluice.config.v1.ModelGroup
-	(*Capabilities)(nil),          // 11: sluice.config.v1.Capabilities
-	(*Prices)(nil),                // 12: sluice.config.v1.Prices
-	(*Deployment)(nil),            // 13: sluice.config.v1.Deployment
-	(*MemberRef)(nil),             // 14: sluice.config.v1.MemberRef
-	(*BlockChange)(nil),           // 15: sluice.config.v1.BlockChange
-	(*Event)(nil),                 // 16: sluice.config.v1.Event
-	(*RegionEvent)(nil),           // 17: sluice.config.v1.RegionEvent
-	(*SnapshotPointer)(nil),       // 18: sluice.config.v1.SnapshotPointer
-	(*Tick)(nil),                  // 19: sluice.config.v1.Tick
-	(*RejectedSnapshot)(nil),      // 20: sluice.config.v1.RejectedSnapshot
-	(*Heartbeat)(nil),             // 21: sluice.config.v1.Heartbeat
-	nil,                           // 22: sluice.config.v1.Limits.ModelMaxBudgetEntry
-	nil,                           // 23: sluice.config.v1.Limits.ModelRpmLimitEntry
-	nil,                           // 24: sluice.config.v1.Limits.ModelTpmLimitEntry
-	nil,                           // 25: sluice.config.v1.Team.ModelGroupAliasesEntry
-	nil,                           // 26: sluice.config.v1.Key.ModelGroupAliasesEntry
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*BudgetSeed)(nil),            // 10: sluice.config.v1.BudgetSeed
+	(*ModelGroup)(nil),            // 11: sluice.config.v1.ModelGroup
+	(*Capabilities)(nil),          // 12: sluice.config.v1.Capabilities
+	(*Prices)(nil),                // 13: sluice.config.v1.Prices
+	(*Deployment)(nil),            // 14: sluice.config.v1.Deployment
+	(*MemberRef)(nil),             // 15: sluice.config.v1.MemberRef
+	(*BlockChange)(nil),           // 16: sluice.config.v1.BlockChange
+	(*Event)(nil),                 // 17: sluice.config.v1.Event
+	(*RegionEvent)(nil),           // 18: sluice.config.v1.RegionEvent
+	(*SnapshotPointer)(nil),       // 19: sluice.config.v1.SnapshotPointer
+	(*Tick)(nil),                  // 20: sluice.config.v1.Tick
+	(*RejectedSnapshot)(nil),      // 21: sluice.config.v1.RejectedSnapshot
+	(*Heartbeat)(nil),             // 22: sluice.config.v1.Heartbeat
+	nil,                           // 23: sluice.config.v1.Limits.ModelMaxBudgetEntry
+	nil,                           // 24: sluice.config.v1.Limits.ModelRpmLimitEntry
+	nil,                           // 25: sluice.config.v1.Limits.ModelTpmLimitEntry
+	nil,                           // 26: sluice.config.v1.Team.ModelGroupAliasesEntry
+	nil,                           // 27: sluice.config.v1.Key.ModelGroupAliasesEntry
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_sluice_config_v1_config_proto_depIdxs = []int32{
-	22, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
-	23, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
-	24, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
+	23, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
+	24, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
+	25, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
 	1,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
 	1,  // 4: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
 	0,  // 5: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	25, // 6: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	26, // 6: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
 	1,  // 7: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
 	1,  // 8: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
 	1,  // 9: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	27, // 10: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	27, // 11: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	28, // 10: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	28, // 11: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 12: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	26, // 13: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	27, // 13: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
 	1,  // 14: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
 	7,  // 15: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	27, // 16: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	28, // 16: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	2,  // 17: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
 	3,  // 18: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
 	4,  // 19: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
 	5,  // 20: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
 	6,  // 21: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
 	8,  // 22: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
-	10, // 23: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
-	13, // 24: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
-	11, // 25: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
-	12, // 26: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
-	27, // 27: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
-	2,  // 28: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
-	3,  // 29: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
-	4,  // 30: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
-	5,  // 31: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
-	14, // 32: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
-	6,  // 33: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
-	8,  // 34: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
-	15, // 35: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
-	10, // 36: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
-	13, // 37: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
-	16, // 38: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	27, // 39: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	27, // 40: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	27, // 41: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
-	20, // 42: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	43, // [43:43] is the sub-list for method output_type
-	43, // [43:43] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	11, // 23: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
+	14, // 24: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
+	10, // 25: sluice.config.v1.Snapshot.budget_seeds:type_name -> sluice.config.v1.BudgetSeed
+	12, // 26: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
+	13, // 27: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
+	28, // 28: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	2,  // 29: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
+	3,  // 30: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
+	4,  // 31: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
+	5,  // 32: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
+	15, // 33: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
+	6,  // 34: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
+	8,  // 35: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
+	16, // 36: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
+	11, // 37: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
+	14, // 38: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
+	17, // 39: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
+	28, // 40: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	28, // 41: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	28, // 42: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	21, // 43: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
+	44, // [44:44] is the sub-list for method output_type
+	44, // [44:44] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }
@@ -2425,7 +2542,7 @@ func file_sluice_config_v1_config_proto_init() {
 	}
 	file_sluice_config_v1_config_proto_msgTypes[0].OneofWrappers = []any{}
 	file_sluice_config_v1_config_proto_msgTypes[4].OneofWrappers = []any{}
-	file_sluice_config_v1_config_proto_msgTypes[15].OneofWrappers = []any{
+	file_sluice_config_v1_config_proto_msgTypes[16].OneofWrappers = []any{
 		(*Event_Org)(nil),
 		(*Event_OrgDeleted)(nil),
 		(*Event_Team)(nil),
@@ -2450,7 +2567,7 @@ func file_sluice_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_config_v1_config_proto_rawDesc), len(file_sluice_config_v1_config_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -291,6 +291,174 @@ func (x *UsageEvent) GetAttempts() int32 {
 	return 0
 }
 
+// BudgetAlert is published by a data plane when a settled request made a
+// scope's spend cross a budget threshold (SPEC §8.3): the soft budget, or a
+// percentage of the hard cap (default 50/85/95/100). Each fires once per
+// scope, threshold and window across all data planes; alert_id is
+// deterministic, so a republished alert is deduplicated (JetStream
+// Nats-Msg-Id and the ledger's unique key).
+type BudgetAlert struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "<org>/<kind>/<scope id>/<window>/<window start>/<threshold>".
+	AlertId string                 `protobuf:"bytes,1,opt,name=alert_id,json=alertId,proto3" json:"alert_id,omitempty"`
+	Time    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	OrgId   string                 `protobuf:"bytes,3,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// The team the scope belongs to, when it does (key, member, team,
+	// team_model and team keys' key_model scopes), for team-scoped reads.
+	TeamId    string `protobuf:"bytes,4,opt,name=team_id,json=teamId,proto3" json:"team_id,omitempty"`
+	ScopeKind string `protobuf:"bytes,5,opt,name=scope_kind,json=scopeKind,proto3" json:"scope_kind,omitempty"`
+	ScopeId   string `protobuf:"bytes,6,opt,name=scope_id,json=scopeId,proto3" json:"scope_id,omitempty"`
+	// Threshold in percent of the cap; 0 means the soft budget.
+	ThresholdPercent int32  `protobuf:"varint,7,opt,name=threshold_percent,json=thresholdPercent,proto3" json:"threshold_percent,omitempty"`
+	SpendMicros      int64  `protobuf:"varint,8,opt,name=spend_micros,json=spendMicros,proto3" json:"spend_micros,omitempty"`
+	CapMicros        int64  `protobuf:"varint,9,opt,name=cap_micros,json=capMicros,proto3" json:"cap_micros,omitempty"`
+	SoftMicros       int64  `protobuf:"varint,10,opt,name=soft_micros,json=softMicros,proto3" json:"soft_micros,omitempty"`
+	Window           string `protobuf:"bytes,11,opt,name=window,proto3" json:"window,omitempty"`
+	// Start of the budget window, Unix seconds.
+	WindowStart int64  `protobuf:"varint,12,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
+	Region      string `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
+	InstanceId  string `protobuf:"bytes,14,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// The request whose settlement crossed the threshold.
+	RequestId     string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BudgetAlert) Reset() {
+	*x = BudgetAlert{}
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BudgetAlert) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BudgetAlert) ProtoMessage() {}
+
+func (x *BudgetAlert) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BudgetAlert.ProtoReflect.Descriptor instead.
+func (*BudgetAlert) Descriptor() ([]byte, []int) {
+	return file_sluice_usage_v1_usage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BudgetAlert) GetAlertId() string {
+	if x != nil {
+		return x.AlertId
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *BudgetAlert) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetTeamId() string {
+	if x != nil {
+		return x.TeamId
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetScopeKind() string {
+	if x != nil {
+		return x.ScopeKind
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetScopeId() string {
+	if x != nil {
+		return x.ScopeId
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetThresholdPercent() int32 {
+	if x != nil {
+		return x.ThresholdPercent
+	}
+	return 0
+}
+
+func (x *BudgetAlert) GetSpendMicros() int64 {
+	if x != nil {
+		return x.SpendMicros
+	}
+	return 0
+}
+
+func (x *BudgetAlert) GetCapMicros() int64 {
+	if x != nil {
+		return x.CapMicros
+	}
+	return 0
+}
+
+func (x *BudgetAlert) GetSoftMicros() int64 {
+	if x != nil {
+		return x.SoftMicros
+	}
+	return 0
+}
+
+func (x *BudgetAlert) GetWindow() string {
+	if x != nil {
+		return x.Window
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetWindowStart() int64 {
+	if x != nil {
+		return x.WindowStart
+	}
+	return 0
+}
+
+func (x *BudgetAlert) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *BudgetAlert) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 var File_sluice_usage_v1_usage_proto protoreflect.FileDescriptor
 
 const file_sluice_usage_v1_usage_proto_rawDesc = "" +
@@ -332,7 +500,29 @@ const file_sluice_usage_v1_usage_proto_rawDesc = "" +
 	"\n" +
 	"latency_ms\x18\x1a \x01(\x03R\tlatencyMs\x12\x17\n" +
 	"\attft_ms\x18\x1b \x01(\x03R\x06ttftMs\x12\x1a\n" +
-	"\battempts\x18\x1c \x01(\x05R\battemptsB>Z<github.com/sluicegw/sluice/proto/gen/sluice/usage/v1;usagev1b\x06proto3"
+	"\battempts\x18\x1c \x01(\x05R\battempts\"\xe5\x03\n" +
+	"\vBudgetAlert\x12\x19\n" +
+	"\balert_id\x18\x01 \x01(\tR\aalertId\x12.\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x15\n" +
+	"\x06org_id\x18\x03 \x01(\tR\x05orgId\x12\x17\n" +
+	"\ateam_id\x18\x04 \x01(\tR\x06teamId\x12\x1d\n" +
+	"\n" +
+	"scope_kind\x18\x05 \x01(\tR\tscopeKind\x12\x19\n" +
+	"\bscope_id\x18\x06 \x01(\tR\ascopeId\x12+\n" +
+	"\x11threshold_percent\x18\a \x01(\x05R\x10thresholdPercent\x12!\n" +
+	"\fspend_micros\x18\b \x01(\x03R\vspendMicros\x12\x1d\n" +
+	"\n" +
+	"cap_micros\x18\t \x01(\x03R\tcapMicros\x12\x1f\n" +
+	"\vsoft_micros\x18\n" +
+	" \x01(\x03R\n" +
+	"softMicros\x12\x16\n" +
+	"\x06window\x18\v \x01(\tR\x06window\x12!\n" +
+	"\fwindow_start\x18\f \x01(\x03R\vwindowStart\x12\x16\n" +
+	"\x06region\x18\r \x01(\tR\x06region\x12\x1f\n" +
+	"\vinstance_id\x18\x0e \x01(\tR\n" +
+	"instanceId\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x0f \x01(\tR\trequestIdB>Z<github.com/sluicegw/sluice/proto/gen/sluice/usage/v1;usagev1b\x06proto3"
 
 var (
 	file_sluice_usage_v1_usage_proto_rawDescOnce sync.Once
@@ -346,18 +536,20 @@ func file_sluice_usage_v1_usage_proto_rawDescGZIP() []byte {
 	return file_sluice_usage_v1_usage_proto_rawDescData
 }
 
-var file_sluice_usage_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_sluice_usage_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_sluice_usage_v1_usage_proto_goTypes = []any{
 	(*UsageEvent)(nil),            // 0: sluice.usage.v1.UsageEvent
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(*BudgetAlert)(nil),           // 1: sluice.usage.v1.BudgetAlert
+	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
 }
 var file_sluice_usage_v1_usage_proto_depIdxs = []int32{
-	1, // 0: sluice.usage.v1.UsageEvent.time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: sluice.usage.v1.UsageEvent.time:type_name -> google.protobuf.Timestamp
+	2, // 1: sluice.usage.v1.BudgetAlert.time:type_name -> google.protobuf.Timestamp
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_sluice_usage_v1_usage_proto_init() }
@@ -371,7 +563,7 @@ func file_sluice_usage_v1_usage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_usage_v1_usage_proto_rawDesc), len(file_sluice_usage_v1_usage_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
