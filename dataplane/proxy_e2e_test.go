@@ -45,6 +45,7 @@ func closedPort(t testing.TB) string {
 type openAIError struct {
 	status int
 	id     string
+	hdr    http.Header
 	Error  struct {
 		Type, Code, Message string
 		Param               *string

@@ -374,7 +374,7 @@ func (x *exchange) serve(w http.ResponseWriter, r *http.Request) *Error {
 			Message: fmt.Sprintf("the model %q does not exist", x.req.model)}
 	}
 	x.group = group
-	deps, ok := allowedDeployments(x.p, group, cat.Deployments(group))
+	deps, ok := allowedDeployments(x.p, x.cust, group, cat.Deployments(group))
 	if !ok {
 		return forbidden(CodeModelNotAllowed, "model", fmt.Sprintf("this key may not use the model %q", x.req.model))
 	}
@@ -591,7 +591,7 @@ func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
 		if !cat.HasModelGroup(g) {
 			continue
 		}
-		if _, ok := allowedDeployments(p, g, cat.Deployments(g)); ok {
+		if _, ok := allowedDeployments(p, nil, g, cat.Deployments(g)); ok {
 			out.Data = append(out.Data, modelEntry{ID: n, Object: "model", OwnedBy: "sluice"})
 		}
 	}

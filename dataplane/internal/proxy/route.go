@@ -122,9 +122,9 @@ func resolveGroup(p *catalog.Principal, requested string) string {
 // allowedLevels returns the allowed_models lists of the principal's
 // levels that set one (key, team, user, org). Team-member limits carry no
 // allowed_models (the admin API refuses it).
-func allowedLevels(p *catalog.Principal) [][]string {
+func allowedLevels(p *catalog.Principal, cu *configv1.Customer) [][]string {
 	var out [][]string
-	for _, l := range []*configv1.Limits{p.Key.GetLimits(), p.Team.GetLimits(), p.User.GetLimits(), p.Org.GetLimits()} {
+	for _, l := range []*configv1.Limits{p.Key.GetLimits(), p.Team.GetLimits(), p.User.GetLimits(), p.Org.GetLimits(), cu.GetLimits()} {
 		if m := l.GetAllowedModels(); len(m) > 0 {
 			out = append(out, m)
 		}
@@ -137,8 +137,8 @@ func allowedLevels(p *catalog.Principal) [][]string {
 // deployments whose upstream model it lists. ok is false when nothing is
 // permitted (an empty group counts as permitted when every level lists
 // the group).
-func allowedDeployments(p *catalog.Principal, group string, deps []*catalog.Deployment) (out []*catalog.Deployment, ok bool) {
-	levels := allowedLevels(p)
+func allowedDeployments(p *catalog.Principal, cu *configv1.Customer, group string, deps []*catalog.Deployment) (out []*catalog.Deployment, ok bool) {
+	levels := allowedLevels(p, cu)
 	if len(levels) == 0 {
 		return deps, true
 	}
