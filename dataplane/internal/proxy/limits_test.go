@@ -422,7 +422,9 @@ func TestLimitsExitClientCancelMidStream(t *testing.T) {
 // request.
 type panicTransport struct{}
 
-func (panicTransport) RoundTrip(*http.Request) (*http.Response, error) { panic("injected handler panic") }
+func (panicTransport) RoundTrip(*http.Request) (*http.Response, error) {
+	panic("injected handler panic")
+}
 
 func TestLimitsExitHandlerPanic(t *testing.T) {
 	le := newLimitsEnv(t, func(c *Config) { c.Transport = panicTransport{} })

@@ -120,7 +120,8 @@ func resolveGroup(p *catalog.Principal, requested string) string {
 }
 
 // allowedLevels returns the allowed_models lists of the principal's
-// levels that set one (key, team, user, org). Team-member limits carry no
+// levels that set one (key, team, user, org) and of the end customer
+// named by x-sluice-end-user (cu, may be nil). Team-member limits carry no
 // allowed_models (the admin API refuses it).
 func allowedLevels(p *catalog.Principal, cu *configv1.Customer) [][]string {
 	var out [][]string
