@@ -503,6 +503,28 @@ func TestEpochQuarantineAfterStateLoss(t *testing.T) {
 	require.True(t, b.admit(t, b.req("b", 0, 100, par)).Allowed)
 }
 
+func TestBootstrapSkipsQuarantineOnlyForNewOrgs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(c *Config) { c.Quarantine = 5 * time.Second })
+	ctx := context.Background()
+	par := Scope{Kind: KindTeam, ID: "t", MaxParallel: 2}
+	b.org = "new-" + randHex(t)
+	require.NoError(t, b.lim.Bootstrap(ctx, b.org))
+	d := b.admit(t, b.req("a", 0, 0, par))
+	require.True(t, d.Allowed, "a bootstrapped (new) org is not quarantined")
+
+	// Bootstrap never overwrites an existing epoch: after a loss the new
+	// epoch's quarantine holds even if a data plane bootstraps again.
+	deleteKeys(t, b.rdb, b.prefix)
+	d = b.admit(t, b.req("b", 0, 0, par))
+	require.True(t, d.Rejection.Quarantined)
+	require.NoError(t, b.lim.Bootstrap(ctx, b.org))
+	d = b.admit(t, b.req("c", 0, 0, par))
+	require.False(t, d.Allowed)
+	require.True(t, d.Rejection.Quarantined)
+	require.ErrorIs(t, b.lim.Bootstrap(ctx, "bad{org}"), ErrInvalidRequest)
+}
+
 func TestSettleWithoutRecordChargesActual(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
