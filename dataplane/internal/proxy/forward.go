@@ -35,6 +35,7 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 	var last *Error
 	next := 0
 	var wait time.Duration // shortest retry-after of a deployment at its cap
+	recovering := false    // a deployment's lease count is in quarantine
 	for x.attempts <= h.retries {
 		var c *candidate
 		for ; next < len(cands) && c == nil; next++ {
@@ -54,6 +55,7 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 				if wait == 0 || rej.RetryAfter < wait {
 					wait = rej.RetryAfter
 				}
+				recovering = recovering || rej.Quarantined
 				continue
 			}
 			if dl != nil {
@@ -65,6 +67,9 @@ func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter
 		if c == nil {
 			if last != nil {
 				return last
+			}
+			if recovering {
+				return unavailable(CodeLimitsRecovering, "the limits store restarted moments ago; deployment concurrency is re-counted, retry shortly", max(wait, 100*time.Millisecond))
 			}
 			return unavailable(CodeOverloaded, fmt.Sprintf("every deployment of model %q is at its concurrency limit", x.group), max(wait, time.Second))
 		}
