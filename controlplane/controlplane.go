@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/sluicegw/sluice/controlplane/internal/admin"
+	"github.com/sluicegw/sluice/controlplane/internal/alerts"
 	"github.com/sluicegw/sluice/controlplane/internal/publish"
 	"github.com/sluicegw/sluice/controlplane/internal/spend"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -125,15 +126,16 @@ func redactErr(err error) error {
 
 // ControlPlane is a configured, not yet running control plane.
 type ControlPlane struct {
-	cfg   Config
-	log   *slog.Logger
-	pool  *pgxpool.Pool
-	ln    net.Listener
-	srv   *http.Server
-	store *store.Store
-	nc    *nats.Conn
-	pub   *publish.Publisher
-	spend *spend.Consumer
+	cfg    Config
+	log    *slog.Logger
+	pool   *pgxpool.Pool
+	ln     net.Listener
+	srv    *http.Server
+	store  *store.Store
+	nc     *nats.Conn
+	pub    *publish.Publisher
+	spend  *spend.Consumer
+	alerts *alerts.Consumer
 }
 
 // PublishConfig tunes config distribution; zero values take the defaults
@@ -214,13 +216,20 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		pool.Close()
 		return nil, err
 	}
+	// Budget alerts the same way (see package alerts).
+	alertConsumer, err := alerts.New(alerts.Config{Logger: log}, st, nc)
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		nc.Close()
 		pool.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
 	}
-	mets := newMetrics(pool, pub, spendConsumer)
+	mets := newMetrics(pool, pub, spendConsumer, alertConsumer)
 	mux := http.NewServeMux()
 	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken,
 		KeyRing: ring, Logger: log, Observe: mets.observe}))
@@ -248,7 +257,8 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	if cfg.BootstrapToken == "" {
 		log.Warn("no bootstrap admin token configured (SLUICE_ADMIN_TOKEN); only admin tokens from the database are accepted")
 	}
-	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub, spend: spendConsumer}, nil
+	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub, spend: spendConsumer,
+		alerts: alertConsumer}, nil
 }
 
 // Addr returns the admin API's bound address.
@@ -266,6 +276,9 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 	spendDone := make(chan struct{})
 	go func() { defer close(spendDone); _ = c.spend.Run(pctx) }()
 	defer func() { stopPub(); <-spendDone }()
+	alertsDone := make(chan struct{})
+	go func() { defer close(alertsDone); _ = c.alerts.Run(pctx) }()
+	defer func() { stopPub(); <-alertsDone }()
 	errc := make(chan error, 1)
 	go func() { errc <- c.srv.Serve(c.ln) }()
 	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/sluicegw/sluice/controlplane/internal/alerts"
 	"github.com/sluicegw/sluice/controlplane/internal/publish"
 	"github.com/sluicegw/sluice/controlplane/internal/spend"
 )
@@ -23,7 +24,7 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 }
 
-func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer) *metrics {
+func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer, ac *alerts.Consumer) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -53,12 +54,18 @@ func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer) 
 	gauge("sluice_control_snapshot_version", "Last snapshot version compiled by this replica.", func() float64 { return float64(pub.Stats().LastVersion) })
 	gauge("sluice_control_snapshot_compile_seconds", "Duration of the last snapshot compilation.", func() float64 { return pub.Stats().LastCompile.Seconds() })
 	gauge("sluice_control_snapshot_size_bytes", "Size of the last compiled snapshot.", func() float64 { return float64(pub.Stats().LastSnapshotBytes) })
+	gauge("sluice_control_snapshot_budget_seeds", "Budget seeds (budgeted scopes with ledger spend in their window) in the last compiled snapshot.", func() float64 { return float64(pub.Stats().LastBudgetSeeds) })
 	counter("sluice_control_heartbeats_total", "Data-plane heartbeats recorded.", func() float64 { return float64(pub.Stats().Heartbeats) })
 	counter("sluice_control_spend_recorded_total", "Usage events newly written to the ledger.", func() float64 { return float64(sc.Stats().Recorded) })
 	counter("sluice_control_spend_duplicates_total", "Usage events already in the ledger (redeliveries).", func() float64 { return float64(sc.Stats().Duplicates) })
 	counter("sluice_control_spend_undecodable_total", "Usage events terminated as undecodable.", func() float64 { return float64(sc.Stats().Undecodable) })
 	counter("sluice_control_spend_batch_failures_total", "Ledger transactions that failed (batch redelivered).", func() float64 { return float64(sc.Stats().Failures) })
 	counter("sluice_control_spend_fetch_errors_total", "Failed fetches from the usage stream.", func() float64 { return float64(sc.Stats().FetchErrors) })
+	counter("sluice_control_budget_alerts_recorded_total", "Budget alerts newly written to budget_alerts.", func() float64 { return float64(ac.Stats().Recorded) })
+	counter("sluice_control_budget_alerts_duplicates_total", "Budget alerts already recorded (redeliveries, republished copies).", func() float64 { return float64(ac.Stats().Duplicates) })
+	counter("sluice_control_budget_alerts_undecodable_total", "Budget alerts terminated as malformed.", func() float64 { return float64(ac.Stats().Undecodable) })
+	counter("sluice_control_budget_alerts_batch_failures_total", "Alert transactions that failed (batch redelivered).", func() float64 { return float64(ac.Stats().Failures) })
+	counter("sluice_control_budget_alerts_fetch_errors_total", "Failed fetches from the alert stream.", func() float64 { return float64(ac.Stats().FetchErrors) })
 	gauge("sluice_control_db_connections_acquired", "Postgres connections in use.", func() float64 { return float64(pool.Stat().AcquiredConns()) })
 	gauge("sluice_control_db_connections_total", "Postgres connections open.", func() float64 { return float64(pool.Stat().TotalConns()) })
 	return m

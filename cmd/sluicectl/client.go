@@ -28,6 +28,7 @@ type clients struct {
 	fleet     adminv1connect.FleetServiceClient
 	rollout   adminv1connect.RolloutServiceClient
 	spend     adminv1connect.SpendServiceClient
+	alerts    adminv1connect.AlertServiceClient
 	models    adminv1connect.ModelServiceClient
 }
 
@@ -54,6 +55,7 @@ func newClients(server, token string) *clients {
 		fleet:     adminv1connect.NewFleetServiceClient(hc, server, opts),
 		rollout:   adminv1connect.NewRolloutServiceClient(hc, server, opts),
 		spend:     adminv1connect.NewSpendServiceClient(hc, server, opts),
+		alerts:    adminv1connect.NewAlertServiceClient(hc, server, opts),
 		models:    adminv1connect.NewModelServiceClient(hc, server, opts),
 	}
 }

@@ -85,7 +85,7 @@ func rootCommand() *command {
 		loginCommand(), contextCommand(), whoamiCommand(),
 		orgCommand(), teamCommand(), memberCommand(), userCommand(), keyCommand(),
 		customerCommand(), tokenCommand(), auditCommand(),
-		fleetCommand(), rolloutCommand(), regionCommand(), spendCommand(),
+		fleetCommand(), rolloutCommand(), regionCommand(), spendCommand(), alertsCommand(),
 		modelGroupCommand(), deploymentCommand(),
 	}}
 }

@@ -147,6 +147,7 @@ var builders = map[string]func(o objs) string{
 
 	"GetSpend":      func(o objs) string { return `{"scope":"SPEND_SCOPE_TEAM","id":"` + o.TeamID + `"}` },
 	"ListSpendLogs": func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
+	"ListAlerts":    func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
 
 	"CreateModelGroup": func(o objs) string { return `{"name":"mg-` + u() + `","description":"d"}` },
 	"GetModelGroup":    func(o objs) string { return `{"name":"` + o.ModelGroup + `"}` },

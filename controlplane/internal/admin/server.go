@@ -70,6 +70,7 @@ func NewHandler(o Options) http.Handler {
 	mux.Handle(adminv1connect.NewFleetServiceHandler(&fleetService{s}, opts))
 	mux.Handle(adminv1connect.NewRolloutServiceHandler(&rolloutService{s}, opts))
 	mux.Handle(adminv1connect.NewSpendServiceHandler(&spendService{s}, opts))
+	mux.Handle(adminv1connect.NewAlertServiceHandler(&alertService{s}, opts))
 	mux.Handle(adminv1connect.NewModelServiceHandler(&modelService{s}, opts))
 	return mux
 }

@@ -13,7 +13,11 @@
 //     duplicate nor reorder an event;
 //   - compiles full snapshots after changes (debounced) into the object
 //     store, records each region's stream position at compile time, and
-//     points each region's KV entry at the version it should run.
+//     points each region's KV entry at the version it should run. A
+//     snapshot carries the ledger spend of every budgeted scope in its
+//     current window (budget seeds, seeds.go), as fresh as the compile;
+//   - creates the streams data planes publish into: SLUICE_USAGE (usage
+//     events) and SLUICE_ALERTS (budget alerts).
 //
 // Every replica publishes liveness ticks and records data-plane heartbeats.
 package publish
@@ -58,6 +62,13 @@ const (
 	// request id to drop republished copies (the consumer is idempotent
 	// beyond it).
 	UsageDuplicateWindow = 10 * time.Minute
+	// AlertStreamMaxAge is how long budget alerts wait in SLUICE_ALERTS
+	// for the alert consumer (as for usage: the longest Postgres outage
+	// that loses no alert).
+	AlertStreamMaxAge = 7 * 24 * time.Hour
+	// AlertDuplicateWindow is how long JetStream remembers an alert id;
+	// the ledger's unique alert_id drops later copies.
+	AlertDuplicateWindow = 2 * time.Minute
 	batchSize            = 500
 	// publishTimeout bounds one event append, so a NATS outage ends a
 	// publishing round quickly instead of stalling it.
@@ -91,6 +102,9 @@ type Config struct {
 	// OnHeartbeat records a data-plane heartbeat (nil: ignored).
 	OnHeartbeat func(ctx context.Context, hb *configv1.Heartbeat) error
 	Logger      *slog.Logger
+	// Now is the clock of snapshot compilation: the snapshot's created_at
+	// and the budget windows its seeds are summed for (nil: time.Now).
+	Now func() time.Time
 }
 
 func (c *Config) defaults() {
@@ -118,6 +132,9 @@ func (c *Config) defaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 }
 
 // Publisher runs the distribution side of the control plane.
@@ -133,6 +150,7 @@ type Publisher struct {
 	lastVersion                                          atomic.Int64
 	lastCompileNanos                                     atomic.Int64
 	lastSnapshotBytes                                    atomic.Int64
+	lastBudgetSeeds                                      atomic.Int64
 
 	mu       sync.Mutex
 	leader   bool
@@ -159,13 +177,15 @@ type Stats struct {
 	LastVersion       int64 // last snapshot version compiled here
 	LastCompile       time.Duration
 	LastSnapshotBytes int64
+	LastBudgetSeeds   int64 // budget seeds in the last snapshot compiled here
 }
 
 // Stats returns the counters.
 func (p *Publisher) Stats() Stats {
 	return Stats{Leader: p.IsLeader(), EventsPublished: p.eventsPublished.Load(), Compiles: p.compiles.Load(),
 		CompileErrors: p.compileErrors.Load(), Heartbeats: p.heartbeats.Load(), LastVersion: p.lastVersion.Load(),
-		LastCompile: time.Duration(p.lastCompileNanos.Load()), LastSnapshotBytes: p.lastSnapshotBytes.Load()}
+		LastCompile: time.Duration(p.lastCompileNanos.Load()), LastSnapshotBytes: p.lastSnapshotBytes.Load(),
+		LastBudgetSeeds: p.lastBudgetSeeds.Load()}
 }
 
 // IsLeader reports whether this replica currently publishes.
@@ -379,6 +399,18 @@ func (p *Publisher) ensureInfra(ctx context.Context) error {
 		Replicas:    p.cfg.Replicas,
 	}); err != nil {
 		return fmt.Errorf("usage stream: %w", err)
+	}
+	if _, err := p.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        wire.AlertStream,
+		Description: "budget alerts of every region, recorded into budget_alerts",
+		Subjects:    []string{wire.AlertSubjectAll},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      AlertStreamMaxAge,
+		Duplicates:  AlertDuplicateWindow,
+		Replicas:    p.cfg.Replicas,
+	}); err != nil {
+		return fmt.Errorf("alert stream: %w", err)
 	}
 	regions, err := p.store.Regions(ctx)
 	if err != nil {
@@ -719,9 +751,15 @@ func (p *Publisher) compile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := time.Now().UTC()
+	now := p.cfg.Now().UTC()
 	snap, err := snapshotFrom(st, uint64(v), now)
 	if err != nil {
+		return err
+	}
+	// A snapshot without its seeds would let a data plane that lost its
+	// Redis counters start budgets from zero: no seeds, no snapshot (the
+	// last one stays).
+	if snap.BudgetSeeds, err = p.budgetSeeds(ctx, snap, now); err != nil {
 		return err
 	}
 	body, digest, err := wire.EncodeSnapshot(snap)
@@ -745,7 +783,9 @@ func (p *Publisher) compile(ctx context.Context) error {
 	p.lastVersion.Store(v)
 	p.lastCompileNanos.Store(int64(time.Since(start)))
 	p.lastSnapshotBytes.Store(int64(len(body)))
+	p.lastBudgetSeeds.Store(int64(len(snap.BudgetSeeds)))
 	p.log.Info("compiled snapshot", "version", v, "events_seq", st.EventsSeq, "keys", len(snap.Keys), "deployments", len(snap.Deployments),
+		"budget_seeds", len(snap.BudgetSeeds),
 		"size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
 	return nil
 }

@@ -17,6 +17,92 @@ var (
 	ErrBatchAlreadyClosed = errors.New("batch already closed")
 )
 
+const alertInsert = `-- name: AlertInsert :batchone
+INSERT INTO budget_alerts (alert_id, fired_at, org_id, team_id, scope_kind, scope_id, threshold_percent,
+                           spend_micros, cap_micros, soft_micros, budget_duration, window_start, region,
+                           instance_id, request_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7,
+        $8, $9, $10, $11, $12, $13,
+        $14, $15)
+ON CONFLICT (alert_id) DO NOTHING
+RETURNING alert_id
+`
+
+type AlertInsertBatchResults struct {
+	br     pgx.BatchResults
+	tot    int
+	closed bool
+}
+
+type AlertInsertParams struct {
+	AlertID          string
+	FiredAt          time.Time
+	OrgID            string
+	TeamID           string
+	ScopeKind        string
+	ScopeID          string
+	ThresholdPercent int32
+	SpendMicros      int64
+	CapMicros        int64
+	SoftMicros       int64
+	BudgetDuration   string
+	WindowStart      time.Time
+	Region           string
+	InstanceID       string
+	RequestID        string
+}
+
+// Budget alerts (SPEC §8.3), idempotent on alert_id: a redelivered or
+// republished alert inserts nothing and returns no row.
+func (q *Queries) AlertInsert(ctx context.Context, db DBTX, arg []AlertInsertParams) *AlertInsertBatchResults {
+	batch := &pgx.Batch{}
+	for _, a := range arg {
+		vals := []interface{}{
+			a.AlertID,
+			a.FiredAt,
+			a.OrgID,
+			a.TeamID,
+			a.ScopeKind,
+			a.ScopeID,
+			a.ThresholdPercent,
+			a.SpendMicros,
+			a.CapMicros,
+			a.SoftMicros,
+			a.BudgetDuration,
+			a.WindowStart,
+			a.Region,
+			a.InstanceID,
+			a.RequestID,
+		}
+		batch.Queue(alertInsert, vals...)
+	}
+	br := db.SendBatch(ctx, batch)
+	return &AlertInsertBatchResults{br, len(arg), false}
+}
+
+func (b *AlertInsertBatchResults) QueryRow(f func(int, string, error)) {
+	defer b.br.Close()
+	for t := 0; t < b.tot; t++ {
+		var alert_id string
+		if b.closed {
+			if f != nil {
+				f(t, alert_id, ErrBatchAlreadyClosed)
+			}
+			continue
+		}
+		row := b.br.QueryRow()
+		err := row.Scan(&alert_id)
+		if f != nil {
+			f(t, alert_id, err)
+		}
+	}
+}
+
+func (b *AlertInsertBatchResults) Close() error {
+	b.closed = true
+	return b.br.Close()
+}
+
 const spendLogInsert = `-- name: SpendLogInsert :batchone
 INSERT INTO spend_logs (request_id, at, region, instance_id, org_id, team_id, user_id, key_id, project,
                         customer, agent_id, session_id, tags, traffic_class, route, requested_model,

@@ -44,6 +44,24 @@ type AuditLog struct {
 	Hash       []byte
 }
 
+type BudgetAlert struct {
+	AlertID          string
+	FiredAt          time.Time
+	OrgID            string
+	TeamID           string
+	ScopeKind        string
+	ScopeID          string
+	ThresholdPercent int32
+	SpendMicros      int64
+	CapMicros        int64
+	SoftMicros       int64
+	BudgetDuration   string
+	WindowStart      time.Time
+	Region           string
+	InstanceID       string
+	RequestID        string
+}
+
 type ChainHead struct {
 	ID        int32
 	AuditSeq  int64
