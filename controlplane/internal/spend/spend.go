@@ -19,6 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -120,16 +122,32 @@ func decode(m jetstream.Msg) (store.SpendLog, error) {
 	return FromEvent(ev, at), nil
 }
 
-// FromEvent converts ev, recorded at at, to a ledger row.
+// FromEvent converts ev, recorded at at, to a ledger row. NUL bytes, which
+// Postgres text refuses (and which a request body's "model" can carry as
+// \u0000), are replaced by U+FFFD: a row is never lost or stuck over one.
 func FromEvent(ev *usagev1.UsageEvent, at time.Time) store.SpendLog {
+	tags := ev.GetTags()
+	for i, t := range tags {
+		if strings.IndexByte(t, 0) >= 0 {
+			tags = slices.Clone(tags)
+			tags[i] = clean(t)
+		}
+	}
 	return store.SpendLog{
-		RequestID: ev.GetRequestId(), At: at.UTC(), Region: ev.GetRegion(), InstanceID: ev.GetInstanceId(),
-		OrgID: ev.GetOrgId(), TeamID: ev.GetTeamId(), UserID: ev.GetUserId(), KeyID: ev.GetKeyId(),
-		Project: ev.GetProject(), Customer: ev.GetCustomer(), AgentID: ev.GetAgentId(), SessionID: ev.GetSessionId(),
-		Tags: ev.GetTags(), TrafficClass: ev.GetTrafficClass(), Route: ev.GetRoute(), RequestedModel: ev.GetRequestedModel(),
-		ModelGroup: ev.GetModelGroup(), DeploymentID: ev.GetDeploymentId(), Stream: ev.GetStream(),
+		RequestID: clean(ev.GetRequestId()), At: at.UTC(), Region: clean(ev.GetRegion()), InstanceID: clean(ev.GetInstanceId()),
+		OrgID: clean(ev.GetOrgId()), TeamID: clean(ev.GetTeamId()), UserID: clean(ev.GetUserId()), KeyID: clean(ev.GetKeyId()),
+		Project: clean(ev.GetProject()), Customer: clean(ev.GetCustomer()), AgentID: clean(ev.GetAgentId()), SessionID: clean(ev.GetSessionId()),
+		Tags: tags, TrafficClass: clean(ev.GetTrafficClass()), Route: clean(ev.GetRoute()), RequestedModel: clean(ev.GetRequestedModel()),
+		ModelGroup: clean(ev.GetModelGroup()), DeploymentID: clean(ev.GetDeploymentId()), Stream: ev.GetStream(),
 		PromptTokens: ev.GetPromptTokens(), CompletionTokens: ev.GetCompletionTokens(), CachedTokens: ev.GetCachedTokens(),
-		CostUSD: ev.GetCostUsd(), Status: ev.GetStatus(), ErrorCode: ev.GetErrorCode(), LatencyMS: ev.GetLatencyMs(),
+		CostUSD: ev.GetCostUsd(), Status: ev.GetStatus(), ErrorCode: clean(ev.GetErrorCode()), LatencyMS: ev.GetLatencyMs(),
 		TTFTMS: ev.GetTtftMs(), Attempts: ev.GetAttempts(),
 	}
+}
+
+func clean(s string) string {
+	if strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

@@ -334,3 +334,21 @@ func TestReplicasShareTheWorkAndAStoppedConsumerResumes(t *testing.T) {
 	require.Zero(t, c2.Stats().Duplicates+c3.Stats().Duplicates)
 	b.checkLedger(st, n)
 }
+
+// TestNULBytesDoNotStallTheLedger: a usage event whose strings carry NUL
+// (a request body's "model": "\u0000", which Postgres text refuses) is
+// recorded with U+FFFD instead of failing its batch on every redelivery.
+func TestNULBytesDoNotStallTheLedger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st := store.New(b.pool, nil)
+	c, _ := b.run(st)
+	bad := event(0)
+	bad.RequestedModel, bad.Tags = "gpt\x00x", []string{"a\x00"}
+	b.publish(bad, bad.RequestId)
+	b.publish(event(1), event(1).RequestId)
+	require.Eventually(t, func() bool { return c.Stats().Recorded == 2 }, 10*time.Second, 20*time.Millisecond)
+	var model string
+	require.NoError(t, b.pool.QueryRow(context.Background(), `SELECT requested_model FROM spend_logs WHERE request_id = $1`, bad.RequestId).Scan(&model))
+	require.Equal(t, "gpt\uFFFDx", model)
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // span is a byte range [start, end) of the request body.
@@ -128,6 +129,10 @@ func (r *request) interpret() *Error {
 	}
 	if r.model == "" {
 		return parseError(CodeInvalidParameter, "model", "model must be a non-empty string")
+	}
+	if !utf8.ValidString(r.model) || strings.ContainsRune(r.model, 0) {
+		// It is recorded in the usage ledger, which takes UTF-8 text only.
+		return parseError(CodeInvalidParameter, "model", "model must be UTF-8 text without NUL characters")
 	}
 	if v := r.value("stream"); !isNull(v) {
 		switch string(v) {

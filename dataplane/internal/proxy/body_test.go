@@ -115,3 +115,14 @@ func TestFastPathsMatchEncodingJSON(t *testing.T) {
 		require.Equal(t, c.want, string(memberValue([]byte(c.body), "usage")), c.body)
 	}
 }
+
+func TestModelMustBeUTF8(t *testing.T) {
+	_, e := parseRequest([]byte(`{"model":"a\u0000b"}`))
+	require.NotNil(t, e)
+	require.Equal(t, CodeInvalidParameter, e.Code)
+	require.Equal(t, "model", e.Param)
+	// Invalid UTF-8 is decoded as U+FFFD: the ledger can take it.
+	r, e := parseRequest([]byte("{\"model\":\"a\xffb\"}"))
+	require.Nil(t, e)
+	require.Equal(t, "a\uFFFDb", r.model)
+}

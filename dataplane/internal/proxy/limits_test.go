@@ -466,3 +466,15 @@ func TestLimitsDeploymentMaxConcurrencyFleetWide(t *testing.T) {
 	require.NoError(t, other.h.Drain(context.Background()))
 	le.drained()
 }
+
+func TestAttributionHeadersMustBeUTF8(t *testing.T) {
+	e := newEnv(t)
+	e.group("m")
+	e.deploy("d1", "m", startUpstream(t, &slowUpstream{}), nil)
+	tok := e.key("k1", nil)
+	e.apply()
+	er := readErr(t, e.post(RouteChat, tok, chatBody("m", ""), HeaderEndUser, "bad\xffname"))
+	require.Equal(t, 400, er.Status)
+	require.Equal(t, CodeInvalidHeader, er.Error.Code)
+	require.Len(t, e.sink.events(), 1, "the refusal is in the ledger")
+}

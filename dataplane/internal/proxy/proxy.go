@@ -36,6 +36,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -446,6 +447,10 @@ func (x *exchange) attribution(hd http.Header) *Error {
 	for _, v := range []struct{ name, val string }{{HeaderEndUser, x.customer}, {HeaderAgentID, x.agent}, {"session id header", x.session}} {
 		if len(v.val) > maxAttributionLen {
 			return invalidRequest(CodeInvalidHeader, v.name, fmt.Sprintf("%s is longer than %d bytes", v.name, maxAttributionLen))
+		}
+		if !utf8.ValidString(v.val) {
+			// Attribution is recorded in the usage ledger (UTF-8 text).
+			return invalidRequest(CodeInvalidHeader, v.name, fmt.Sprintf("%s must be UTF-8 text", v.name))
 		}
 	}
 	return nil
