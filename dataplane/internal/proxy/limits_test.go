@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
@@ -476,5 +477,9 @@ func TestAttributionHeadersMustBeUTF8(t *testing.T) {
 	er := readErr(t, e.post(RouteChat, tok, chatBody("m", ""), HeaderEndUser, "bad\xffname"))
 	require.Equal(t, 400, er.Status)
 	require.Equal(t, CodeInvalidHeader, er.Error.Code)
-	require.Len(t, e.sink.events(), 1, "the refusal is in the ledger")
+	evs := e.sink.events()
+	require.Len(t, evs, 1, "the refusal is in the ledger")
+	require.Equal(t, "bad\uFFFDname", evs[0].Customer)
+	_, err := proto.Marshal(evs[0])
+	require.NoError(t, err, "the usage event can be encoded")
 }

@@ -449,7 +449,11 @@ func (x *exchange) attribution(hd http.Header) *Error {
 			return invalidRequest(CodeInvalidHeader, v.name, fmt.Sprintf("%s is longer than %d bytes", v.name, maxAttributionLen))
 		}
 		if !utf8.ValidString(v.val) {
-			// Attribution is recorded in the usage ledger (UTF-8 text).
+			// Attribution is recorded in the usage ledger (UTF-8 text);
+			// the refusal itself is recorded with the value repaired.
+			x.customer = strings.ToValidUTF8(x.customer, "\uFFFD")
+			x.agent = strings.ToValidUTF8(x.agent, "\uFFFD")
+			x.session = strings.ToValidUTF8(x.session, "\uFFFD")
 			return invalidRequest(CodeInvalidHeader, v.name, fmt.Sprintf("%s must be UTF-8 text", v.name))
 		}
 	}
