@@ -46,7 +46,7 @@ func newRedis(url string, clusterAddrs []string) (redis.UniversalClient, error) 
 	if len(clusterAddrs) > 0 {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: clusterAddrs, ContextTimeoutEnabled: true, DialTimeout: 250 * time.Millisecond,
-			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1,
+			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1, DialerRetries: 1,
 		}), nil
 	}
 	opt, err := redis.ParseURL(url)
@@ -60,6 +60,9 @@ func newRedis(url string, clusterAddrs []string) (redis.UniversalClient, error) 
 	// A call's own deadline (limits.Config.CallTimeout) bounds it; go-redis
 	// retries would only spend that budget on a dead connection.
 	opt.MaxRetries = -1
+	// One dial per call: a refused connection fails the call at once
+	// instead of spending its deadline on dial retries.
+	opt.DialerRetries = 1
 	return redis.NewClient(opt), nil
 }
 

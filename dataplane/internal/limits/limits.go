@@ -16,8 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -429,7 +431,10 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 // Admit checks every scope of req and, only if all pass, consumes one
 // request (rpm), EstTokens (tpm), a lease (parallel) and a MaxCostMicros
 // reservation (budget) in all of them, in one Redis round trip. A Redis
-// error or timeout returns ErrUnavailable; the caller then fails closed.
+// error or timeout returns ErrUnavailable; the caller then fails closed,
+// and should Settle the returned Decision's Lease with zero usage when the
+// call may have reached Redis (see MayHaveRun), so a late execution
+// consumes nothing for long.
 func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	units, err := validate(&req)
 	if err != nil {
@@ -462,7 +467,11 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	vals, err := l.run(ctx, admitScript, "admit", keys, args)
 	if err != nil {
-		return Decision{}, err
+		// The call may still run in Redis after its deadline (a frozen or
+		// slow server has it queued): the lease lets the caller Settle it
+		// with zero usage, which either releases what it took or, settling
+		// first, leaves a tombstone that makes the late admission a no-op.
+		return Decision{Lease: lease}, err
 	}
 	return toDecision(vals, req.Scopes, lease)
 }
@@ -643,6 +652,16 @@ func (l *Limiter) run(ctx context.Context, s *redis.Script, op string, keys []st
 		out[i] = n
 	}
 	return out, nil
+}
+
+// MayHaveRun reports whether a failed call might still execute in Redis:
+// false only when the connection could not even be made.
+func MayHaveRun(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return !errors.Is(err, syscall.ECONNREFUSED)
 }
 
 // String returns a scope reference as "kind:id".

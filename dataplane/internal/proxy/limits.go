@@ -174,6 +174,7 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cat *catalo
 				Message: "the request's limits could not be evaluated (request id " + x.id + ")"}
 		}
 		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
+		h.cancelAdmission(d.Lease, err)
 		if h.cfg.RateFallback == nil {
 			return limitsUnavailable("the limits store did not answer in time; requests with limits are refused until it does")
 		}
@@ -301,6 +302,7 @@ func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment) (
 	if err != nil {
 		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
 		if errors.Is(err, limits.ErrUnavailable) {
+			h.cancelAdmission(dec.Lease, err)
 			return nil, nil, limitsUnavailable("the limits store did not answer in time; deployment concurrency cannot be checked")
 		}
 		h.log.Error("deployment admission failed", "request_id", x.id, "error", err)
@@ -425,11 +427,18 @@ func (x *exchange) alertMeta() alertMeta {
 }
 
 func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta alertMeta) {
+	h.settleAsyncDone(l, tokens, costMicros, meta, nil)
+}
+
+func (h *Handler) settleAsyncDone(l *limits.Lease, tokens, costMicros int64, meta alertMeta, done func()) {
 	h.pending.Add(1)
 	h.m.pendingSettles.Inc()
 	go func() {
 		defer h.pending.Done()
 		defer h.m.pendingSettles.Dec()
+		if done != nil {
+			defer done()
+		}
 		deadline := time.Now().Add(settleGiveUp)
 		backoff := 20 * time.Millisecond
 		for {
@@ -453,6 +462,29 @@ func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta al
 			backoff = min(backoff*2, 2*time.Second)
 		}
 	}()
+}
+
+// maxPendingCancels bounds the settlements queued to cancel admissions
+// that timed out (a long outage under heavy load must not pile up
+// goroutines); past it a late admission heals by itself: leases by TTL,
+// the rest with its window.
+const maxPendingCancels = 10_000
+
+// cancelAdmission settles, with zero usage, an admission whose call failed
+// but may still run in Redis (a frozen server executes queued commands when
+// it resumes): whichever comes first, the late admission consumes nothing
+// for long. Settling is idempotent and leaves a tombstone the admission
+// script refuses.
+func (h *Handler) cancelAdmission(l *limits.Lease, err error) {
+	if l == nil || !l.Needs() || !limits.MayHaveRun(err) {
+		return
+	}
+	if h.pendingCancels.Add(1) > maxPendingCancels {
+		h.pendingCancels.Add(-1)
+		h.m.settleFailures.Inc()
+		return
+	}
+	h.settleAsyncDone(l, 0, 0, alertMeta{}, func() { h.pendingCancels.Add(-1) })
 }
 
 // releaseDeploymentLease releases the deployment lease of the current

@@ -35,6 +35,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -152,8 +153,10 @@ type Handler struct {
 	retries int
 	// defaultMaxOut is Config.DefaultMaxOutputTokens with its default.
 	defaultMaxOut int64
-	// pending counts settlements not yet done (Drain waits for them).
-	pending sync.WaitGroup
+	// pending counts settlements not yet done (Drain waits for them);
+	// pendingCancels those cancelling timed-out admissions.
+	pending        sync.WaitGroup
+	pendingCancels atomic.Int64
 }
 
 // New validates cfg and registers the metrics.

@@ -1,0 +1,736 @@
+package dataplane
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
+
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+// The limits overhead (issue 5, "Overhead benchmark"): one data plane, two
+// keys, one zero-latency upstream, a dedicated redis-server. The "off" key
+// (its own org, no limit at any level) must cause no Redis call at all;
+// the "on" key carries rpm, tpm, max_parallel_requests and a budget at key,
+// team and org level and must cost exactly one Redis round trip (one
+// EVALSHA of admit.lua) before the upstream sees the request, and one
+// settle (EVALSHA of settle.lua) after it.
+//
+// How the round trips are counted (llAudit): requests are sent one at a
+// time; Redis's own counter of EVALSHA calls (INFO commandstats, read on a
+// connection of the test's own) is read by the upstream the moment a
+// request reaches it, so "admission is the only call before the upstream
+// sees it" is checked against Redis's state at that instant; a MONITOR
+// connection records every top-level command (commands run by the
+// scripts themselves show as "lua" and are not round trips), so every
+// command the proxy sent is attributed to a request id and a script by
+// its SHA. TestLimitsOneRoundTrip runs the audit in the normal test run;
+// BenchmarkLimitsOverhead runs it on more requests, then measures
+// throughput at c=32 and p50 at c=1 with limits off and on, interleaved:
+//
+//	make bench-limits
+//	SLUICE_BENCH_ROUNDS=5 go test -run '^$' -bench BenchmarkLimitsOverhead -benchtime 1x -v ./dataplane/
+//
+// As in BenchmarkProxyOverhead, NATS and the control plane run as their
+// own processes (nice 19), the data plane, the load client and the
+// upstream in the benchmark process; redis-server is its own process at
+// normal priority (it is on the request path).
+
+const (
+	llBenchConcurrency = 32
+	llBenchSeq         = 2000            // requests per key at c=1
+	llBenchLoad        = 3 * time.Second // per key at c=32
+	llBenchAudit       = 500             // requests per key in the benchmark's round-trip audit
+)
+
+// llRedis is a dedicated redis-server in a temporary directory.
+type llRedis struct {
+	addr string
+	url  string
+	cmd  *exec.Cmd
+}
+
+// llStartRedis starts redis-server on a free loopback port without
+// persistence; it is killed at cleanup. A missing binary fails the test.
+func llStartRedis(tb testing.TB) *llRedis {
+	tb.Helper()
+	dir := tb.TempDir()
+	port := freePort(tb)
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"))
+	require.NoError(tb, cmd.Start(), "redis-server must be on PATH")
+	tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	r := &llRedis{addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}
+	r.url = "redis://" + r.addr + "/0"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := llDialRESP(r.addr)
+		if err == nil {
+			_, err = c.do("PING")
+			c.close()
+			if err == nil {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis-server on %s did not start: %v", r.addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// llRESP is one plain RESP connection (the test's own, so its commands
+// are told apart from the proxy's in MONITOR by its address).
+type llRESP struct {
+	mu sync.Mutex
+	c  net.Conn
+	r  *bufio.Reader
+}
+
+func llDialRESP(addr string) (*llRESP, error) {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	return &llRESP{c: c, r: bufio.NewReader(c)}, nil
+}
+
+func (c *llRESP) close()            { _ = c.c.Close() }
+func (c *llRESP) localAddr() string { return c.c.LocalAddr().String() }
+
+// do sends one command and returns its reply (simple, integer or bulk
+// string; an error reply is an error).
+func (c *llRESP) do(args ...string) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	_ = c.c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c.c, b.String()); err != nil {
+		return "", err
+	}
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	switch line[0] {
+	case '+', ':':
+		return line[1:], nil
+	case '-':
+		return "", errors.New(line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", err
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(c.r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	}
+	return "", fmt.Errorf("unexpected reply %q", line)
+}
+
+// evalshaCalls returns Redis's count of EVALSHA calls (INFO commandstats).
+func (c *llRESP) evalshaCalls(tb testing.TB) int64 {
+	info, err := c.do("INFO", "commandstats")
+	require.NoError(tb, err)
+	return llCmdCalls(info, "evalsha")
+}
+
+// llCmdCalls extracts cmdstat_<cmd>:calls=N from INFO commandstats.
+func llCmdCalls(info, cmd string) int64 {
+	for line := range strings.SplitSeq(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		n, _ := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+		return n
+	}
+	return 0
+}
+
+// llMonLine is one command MONITOR reported.
+type llMonLine struct {
+	at   time.Time
+	src  string // client address, or "lua" for commands run by a script
+	args []string
+}
+
+// llMonitor records every command a redis-server runs.
+type llMonitor struct {
+	c     net.Conn
+	mu    sync.Mutex
+	lines []llMonLine
+	done  chan struct{}
+}
+
+func llStartMonitor(tb testing.TB, addr string) *llMonitor {
+	tb.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	require.NoError(tb, err)
+	_, err = io.WriteString(c, "*1\r\n$7\r\nMONITOR\r\n")
+	require.NoError(tb, err)
+	r := bufio.NewReaderSize(c, 1<<16)
+	ok, err := r.ReadString('\n')
+	require.NoError(tb, err)
+	require.Equal(tb, "+OK\r\n", ok)
+	m := &llMonitor{c: c, done: make(chan struct{})}
+	go func() {
+		defer close(m.done)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if l, ok := llParseMonitor(strings.TrimRight(line, "\r\n")); ok {
+				m.mu.Lock()
+				m.lines = append(m.lines, l)
+				m.mu.Unlock()
+			}
+		}
+	}()
+	tb.Cleanup(m.stop)
+	return m
+}
+
+func (m *llMonitor) stop() { _ = m.c.Close(); <-m.done }
+
+// sync makes sure every command Redis ran before now has been read: it
+// sends an ECHO of a fresh marker on rc and waits for it. It returns the
+// lines recorded so far.
+func (m *llMonitor) sync(tb testing.TB, rc *llRESP) []llMonLine {
+	tb.Helper()
+	marker := fmt.Sprintf("llsync-%d", time.Now().UnixNano())
+	_, err := rc.do("ECHO", marker)
+	require.NoError(tb, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m.mu.Lock()
+		n := len(m.lines)
+		found := false
+		for i := n - 1; i >= 0 && i >= n-50; i-- {
+			if a := m.lines[i].args; len(a) == 2 && strings.EqualFold(a[0], "echo") && a[1] == marker {
+				found = true
+				break
+			}
+		}
+		out := slices.Clone(m.lines)
+		m.mu.Unlock()
+		if found {
+			return out
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("MONITOR never showed marker %s", marker)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// llParseMonitor parses `+1700000000.123456 [0 127.0.0.1:5555] "cmd" "arg"`.
+func llParseMonitor(line string) (llMonLine, bool) {
+	line = strings.TrimPrefix(line, "+")
+	ts, rest, ok := strings.Cut(line, " [")
+	if !ok {
+		return llMonLine{}, false
+	}
+	src, rest, ok := strings.Cut(rest, "] ")
+	if !ok {
+		return llMonLine{}, false
+	}
+	_, src, _ = strings.Cut(src, " ") // drop the db number
+	sec, frac, _ := strings.Cut(ts, ".")
+	s, err1 := strconv.ParseInt(sec, 10, 64)
+	us, err2 := strconv.ParseInt(frac, 10, 64)
+	if err1 != nil || err2 != nil {
+		return llMonLine{}, false
+	}
+	l := llMonLine{at: time.Unix(s, us*1000), src: src}
+	for rest != "" {
+		rest = strings.TrimLeft(rest, " ")
+		if rest == "" || rest[0] != '"' {
+			break
+		}
+		var b strings.Builder
+		i := 1
+		for ; i < len(rest) && rest[i] != '"'; i++ {
+			ch := rest[i]
+			if ch != '\\' || i+1 >= len(rest) {
+				b.WriteByte(ch)
+				continue
+			}
+			i++
+			switch rest[i] {
+			case 'n':
+				b.WriteByte('\n')
+			case 'r':
+				b.WriteByte('\r')
+			case 't':
+				b.WriteByte('\t')
+			case 'a':
+				b.WriteByte('\a')
+			case 'b':
+				b.WriteByte('\b')
+			case 'x':
+				if i+2 < len(rest) {
+					v, _ := strconv.ParseUint(rest[i+1:i+3], 16, 8)
+					b.WriteByte(byte(v))
+					i += 2
+				}
+			default:
+				b.WriteByte(rest[i])
+			}
+		}
+		l.args = append(l.args, b.String())
+		rest = rest[min(i+1, len(rest)):]
+	}
+	return l, len(l.args) > 0
+}
+
+// llScriptSHA is the SHA go-redis sends with EVALSHA for a script of
+// dataplane/internal/limits (common.lua prepended, see scripts.go).
+func llScriptSHA(tb testing.TB, name string) string {
+	tb.Helper()
+	common, err := os.ReadFile("internal/limits/lua/common.lua")
+	require.NoError(tb, err)
+	body, err := os.ReadFile("internal/limits/lua/" + name + ".lua")
+	require.NoError(tb, err)
+	sum := sha1.Sum([]byte(string(common) + "\n" + string(body)))
+	return hex.EncodeToString(sum[:])
+}
+
+// llRig is one data plane on a dedicated Redis with a key without limits
+// and a key limited at every level.
+type llRig struct {
+	d             *dist
+	p             *proxy
+	redis         *llRedis
+	up            *httptest.Server
+	off, on       tenant
+	onArrival     atomic.Pointer[func(*http.Request)]
+	upstreamCalls atomic.Int64
+}
+
+// Limits of the "on" key's levels: never reached by the benchmark, so
+// every request is admitted and settled; each level carries every kind.
+func llOnLimits() *adminv1.Limits {
+	return &adminv1.Limits{RpmLimit: proto.Int64(1e10), TpmLimit: proto.Int64(1e12), MaxParallelRequests: proto.Int64(1e5),
+		MaxBudget: proto.Float64(1e6), BudgetDuration: "1d"}
+}
+
+func llSetupRig(tb testing.TB, d *dist) *llRig {
+	tb.Helper()
+	ctx := context.Background()
+	r := &llRig{d: d, redis: llStartRedis(tb)}
+	base := benchUpstream(0)
+	r.up = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.upstreamCalls.Add(1)
+		if f := r.onArrival.Load(); f != nil {
+			(*f)(req)
+		}
+		base.ServeHTTP(w, req)
+	}))
+	tb.Cleanup(r.up.Close)
+
+	m := d.modelClient()
+	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "bench"}))
+	require.NoError(tb, err)
+	_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "bench",
+		ApiBase: r.up.URL + "/v1", UpstreamModel: "bench-upstream", Weight: 1,
+		Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 2e-6}}))
+	require.NoError(tb, err)
+	r.off, r.on = d.mkTenant("limits-off"), d.mkTenant("limits-on")
+	c := d.clients()
+	mask := &fieldmaskpb.FieldMask{Paths: []string{"limits"}}
+	_, err = c.Org.UpdateOrg(ctx, connect.NewRequest(&adminv1.UpdateOrgRequest{Org: &adminv1.Org{Id: r.on.OrgID, Limits: llOnLimits()}, UpdateMask: mask}))
+	require.NoError(tb, err)
+	_, err = c.Team.UpdateTeam(ctx, connect.NewRequest(&adminv1.UpdateTeamRequest{Team: &adminv1.Team{Id: r.on.TeamID, Limits: llOnLimits()}, UpdateMask: mask}))
+	require.NoError(tb, err)
+	_, err = c.Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: &adminv1.Key{Id: r.on.KeyID, Limits: llOnLimits()}, UpdateMask: mask}))
+	require.NoError(tb, err)
+
+	r.p = d.startProxy("default", time.Minute, func(c *Config) { c.RedisURL, c.RedisKeyPrefix = r.redis.url, "llb:" })
+	d.waitCaughtUp(tb, 15*time.Second, r.p)
+	// The orgs' limits state is new to this Redis: the first requests of
+	// the "on" org wait out the epoch quarantine (docs/limits.md); the
+	// first script calls also load the scripts (EVALSHA, then EVAL).
+	cl := benchClient()
+	for _, tok := range []string{r.off.Token, r.on.Token} {
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			_, st, err := llChat(cl, r.p.url, tok)
+			if st == http.StatusOK {
+				break
+			}
+			require.True(tb, time.Now().Before(deadline), "key never admitted: %v", err)
+			time.Sleep(20 * time.Millisecond)
+		}
+		for range 20 {
+			_, st, err := llChat(cl, r.p.url, tok)
+			require.NoError(tb, err)
+			require.Equal(tb, http.StatusOK, st)
+		}
+	}
+	return r
+}
+
+// llChat sends the benchmark's chat request and returns the request id
+// and status.
+func llChat(c *http.Client, base, tok string) (string, int, error) {
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(benchChatBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return resp.Header.Get(RequestIDHeader), resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, b)
+	}
+	return resp.Header.Get(RequestIDHeader), resp.StatusCode, nil
+}
+
+// llAuditResult is what the round-trip audit saw.
+type llAuditResult struct {
+	on, off int
+	// beforeUpstream[k] counts requests that reached the upstream after k
+	// EVALSHA calls of their own.
+	beforeUpstream map[int64]int
+	// connSetup counts connection handshakes (HELLO, CLIENT SETINFO, ...)
+	// of the proxy's Redis pool seen during the audit: not per request.
+	connSetup map[string]int
+	// admitToUpstream is the largest delay between a request's admission
+	// (Redis time) and its arrival at the upstream.
+	admitToUpstream time.Duration
+}
+
+// llConnSetupCommands are what go-redis sends when it opens a connection.
+var llConnSetupCommands = map[string]bool{"hello": true, "client": true, "auth": true, "select": true, "ping": true}
+
+// audit sends n requests on each key, alternating, one at a time, and
+// asserts: a request of the "off" key causes no Redis command; a request
+// of the "on" key exactly one EVALSHA of admit.lua before the upstream
+// sees it (Redis's EVALSHA count read by the upstream at arrival, and the
+// MONITOR timestamps) and exactly one EVALSHA of settle.lua after it, and
+// the proxy sends nothing else.
+func (r *llRig) audit(tb testing.TB, n int) llAuditResult {
+	tb.Helper()
+	rc, err := llDialRESP(r.redis.addr)
+	require.NoError(tb, err)
+	defer rc.close()
+	admitSHA, settleSHA := llScriptSHA(tb, "admit"), llScriptSHA(tb, "settle")
+	mon := llStartMonitor(tb, r.redis.addr)
+	defer mon.stop()
+	start := len(mon.sync(tb, rc))
+
+	type seen struct {
+		at    time.Time
+		calls int64 // EVALSHA calls since the request was sent, at upstream arrival
+		err   error
+	}
+	var mu sync.Mutex
+	arrivals := map[string]seen{}
+	var base atomic.Int64
+	check := func(req *http.Request) { // on the upstream's goroutine: no require here
+		at := time.Now()
+		info, err := rc.do("INFO", "commandstats")
+		mu.Lock()
+		arrivals[req.Header.Get("X-Request-Id")] = seen{at: at, calls: llCmdCalls(info, "evalsha") - base.Load(), err: err}
+		mu.Unlock()
+	}
+	r.onArrival.Store(&check)
+	defer r.onArrival.Store(nil)
+
+	res := llAuditResult{beforeUpstream: map[int64]int{}, connSetup: map[string]int{}}
+	onIDs := map[string]bool{}
+	cl := benchClient()
+	for i := range 2 * n {
+		on := i%2 == 0
+		tok := r.off.Token
+		if on {
+			tok = r.on.Token
+		}
+		base.Store(rc.evalshaCalls(tb))
+		id, st, err := llChat(cl, r.p.url, tok)
+		require.NoError(tb, err)
+		require.Equal(tb, http.StatusOK, st)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(tb, r.p.dp.proxy.Drain(ctx), "settlement pending")
+		cancel()
+		total := rc.evalshaCalls(tb) - base.Load()
+		mu.Lock()
+		a, ok := arrivals[id]
+		mu.Unlock()
+		require.True(tb, ok, "request %s never reached the upstream", id)
+		require.NoError(tb, a.err, "INFO at the upstream")
+		if on {
+			res.on++
+			onIDs[id] = true
+			require.Equal(tb, int64(1), a.calls, "request %s (limits on): EVALSHA calls before the upstream saw it", id)
+			require.Equal(tb, int64(2), total, "request %s (limits on): EVALSHA calls in all (admit + settle)", id)
+		} else {
+			res.off++
+			require.Zero(tb, a.calls, "request %s (no limits) called Redis before forwarding", id)
+			require.Zero(tb, total, "request %s (no limits) called Redis", id)
+		}
+		res.beforeUpstream[a.calls]++
+	}
+
+	lines := mon.sync(tb, rc)[start:]
+	mine := rc.localAddr()
+	type calls struct{ admit, settle []time.Time }
+	byID := map[string]*calls{}
+	var other []string
+	for _, l := range lines {
+		if l.src == "lua" || l.src == mine {
+			continue
+		}
+		cmd := strings.ToLower(l.args[0])
+		if llConnSetupCommands[cmd] {
+			res.connSetup[strings.Join(l.args[:min(2, len(l.args))], " ")]++
+			continue
+		}
+		if cmd != "evalsha" || len(l.args) < 3 {
+			other = append(other, strings.Join(l.args, " "))
+			continue
+		}
+		nkeys, err := strconv.Atoi(l.args[2])
+		if err != nil || len(l.args) < 4+nkeys {
+			other = append(other, strings.Join(l.args, " "))
+			continue
+		}
+		id := l.args[3+nkeys] // ARGV[1] of every script is the request id
+		c := byID[id]
+		if c == nil {
+			c = &calls{}
+			byID[id] = c
+		}
+		switch l.args[1] {
+		case admitSHA:
+			c.admit = append(c.admit, l.at)
+		case settleSHA:
+			c.settle = append(c.settle, l.at)
+		default:
+			other = append(other, "evalsha "+l.args[1]+" for "+id)
+		}
+	}
+	require.Empty(tb, other, "Redis commands of the proxy that are neither an admission nor a settlement")
+	require.Len(tb, byID, res.on, "requests with Redis calls: only the %d of the limited key", res.on)
+	for id, c := range byID {
+		require.True(tb, onIDs[id], "Redis call for request %s, not one of the limited key's", id)
+		require.Len(tb, c.admit, 1, "admissions of %s", id)
+		require.Len(tb, c.settle, 1, "settlements of %s", id)
+		a := arrivals[id]
+		require.True(tb, c.admit[0].Before(a.at), "request %s: admitted at %s, at the upstream at %s", id, c.admit[0], a.at)
+		require.True(tb, a.at.Before(c.settle[0]), "request %s: settled at %s before it reached the upstream at %s", id, c.settle[0], a.at)
+		res.admitToUpstream = max(res.admitToUpstream, a.at.Sub(c.admit[0]))
+	}
+	return res
+}
+
+// TestLimitsOneRoundTrip is the normal-run smoke test of the overhead
+// benchmark's round-trip property: a key without limits makes no Redis
+// call; a key limited at key, team and org level (rpm, tpm, parallel,
+// budget) makes exactly one EVALSHA before the upstream sees the request
+// and one after, nothing else.
+func TestLimitsOneRoundTrip(t *testing.T) {
+	t.Parallel()
+	r := llSetupRig(t, startDist(t))
+	res := r.audit(t, 10)
+	t.Logf("round trips: %d requests without limits: 0 Redis commands; %d limited requests: EVALSHA calls before the upstream saw them %v, "+
+		"1 admit + 1 settle each, nothing else; largest admission→upstream delay %s; connection handshakes during the audit %v",
+		res.off, res.on, res.beforeUpstream, res.admitToUpstream.Round(time.Microsecond), res.connSetup)
+}
+
+// llResult is one measurement of one key.
+type llResult struct {
+	p50, p99 time.Duration
+	rps      float64
+	// evalshaPerReq and redisCPUPerReq are Redis's EVALSHA calls and CPU per
+	// request at c=32.
+	evalshaPerReq  float64
+	redisCPUPerReq time.Duration
+	cpuPerReq      time.Duration // the benchmark process (proxy, client, upstream)
+}
+
+func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) llResult {
+	tb.Helper()
+	var res llResult
+	settle()
+	c := benchClient()
+	chat := func() error { _, _, err := llChat(c, r.p.url, tok); return err }
+	for range 200 {
+		require.NoError(tb, chat())
+	}
+	lat := make([]time.Duration, 0, llBenchSeq)
+	for range llBenchSeq {
+		t0 := time.Now()
+		require.NoError(tb, chat())
+		lat = append(lat, time.Since(t0))
+	}
+	res.p50, res.p99 = pct(lat, .5), pct(lat, .99)
+	settle()
+
+	var done atomic.Int64
+	var failed atomic.Value
+	ctx, cancel := context.WithTimeout(context.Background(), llBenchLoad)
+	ev0, rcpu0 := rc.evalshaCalls(tb), procCPU(r.redis.cmd.Process.Pid)
+	cpu0, t0 := cpuTime(), time.Now()
+	var wg sync.WaitGroup
+	for range llBenchConcurrency {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				if err := chat(); err != nil {
+					failed.Store(err)
+					return
+				}
+				done.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	cancel()
+	elapsed, cpu := time.Since(t0), cpuTime()-cpu0
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	require.NoError(tb, r.p.dp.proxy.Drain(dctx))
+	dcancel()
+	if err, _ := failed.Load().(error); err != nil {
+		tb.Fatal(err)
+	}
+	n := done.Load()
+	res.rps = float64(n) / elapsed.Seconds()
+	res.cpuPerReq = cpu / time.Duration(n)
+	res.evalshaPerReq = float64(rc.evalshaCalls(tb)-ev0) / float64(n)
+	res.redisCPUPerReq = (procCPU(r.redis.cmd.Process.Pid) - rcpu0) / time.Duration(n)
+	return res
+}
+
+func BenchmarkLimitsOverhead(b *testing.B) {
+	d, infra := startBenchInfra(b)
+	r := llSetupRig(b, d)
+	audit := r.audit(b, llBenchAudit)
+
+	rc, err := llDialRESP(r.redis.addr)
+	require.NoError(b, err)
+	defer rc.close()
+	ctx := context.Background()
+	pg, err := pgx.Connect(ctx, d.dbURL)
+	require.NoError(b, err)
+	defer pg.Close(ctx)
+	// settle: before each phase, the ledger has caught up with the one
+	// before (as in BenchmarkProxyOverhead).
+	settle := func() {
+		infra() // lowers the priority of new Postgres backends
+		deadline := time.Now().Add(time.Minute)
+		last := int64(-1)
+		for time.Now().Before(deadline) {
+			var n int64
+			require.NoError(b, pg.QueryRow(ctx, `SELECT count(*) FROM spend_logs`).Scan(&n))
+			st := r.p.dp.usage.Stats()
+			if st.Buffered == 0 && st.SpoolBytes == 0 && n == last {
+				return
+			}
+			last = n
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	rounds := 1
+	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	var off, on []llResult
+	for range b.N {
+		for i := range rounds {
+			// Alternate which key goes first, so neither always runs on a
+			// warmer (or more loaded) machine.
+			if i%2 == 0 {
+				off = append(off, r.measure(b, r.off.Token, rc, settle))
+				on = append(on, r.measure(b, r.on.Token, rc, settle))
+			} else {
+				on = append(on, r.measure(b, r.on.Token, rc, settle))
+				off = append(off, r.measure(b, r.off.Token, rc, settle))
+			}
+		}
+	}
+	med := func(rs []llResult, f func(llResult) float64) float64 {
+		v := make([]float64, len(rs))
+		for i, x := range rs {
+			v[i] = f(x)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	fig := func(rs []llResult) llResult {
+		d := func(f func(llResult) time.Duration) time.Duration {
+			return time.Duration(med(rs, func(x llResult) float64 { return float64(f(x)) }))
+		}
+		return llResult{
+			p50: d(func(x llResult) time.Duration { return x.p50 }), p99: d(func(x llResult) time.Duration { return x.p99 }),
+			rps:            med(rs, func(x llResult) float64 { return x.rps }),
+			evalshaPerReq:  med(rs, func(x llResult) float64 { return x.evalshaPerReq }),
+			redisCPUPerReq: d(func(x llResult) time.Duration { return x.redisCPUPerReq }),
+			cpuPerReq:      d(func(x llResult) time.Duration { return x.cpuPerReq }),
+		}
+	}
+	fo, fn := fig(off), fig(on)
+	us := func(d time.Duration) string { return fmt.Sprintf("%.1fµs", float64(d)/float64(time.Microsecond)) }
+	ratio := fn.rps / fo.rps
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "\nround-trip audit: %d limited requests, EVALSHA calls before the upstream saw them %v, 1 admit + 1 settle each, nothing else; "+
+		"%d requests without limits, no Redis command; largest admission→upstream delay %s; connection handshakes %v\n",
+		audit.on, audit.beforeUpstream, audit.off, us(audit.admitToUpstream), audit.connSetup)
+	fmt.Fprintf(&sb, "%d round(s), interleaved; medians; zero-latency upstream; NATS and control plane at nice %d\n", rounds*b.N, infraNice())
+	fmt.Fprintf(&sb, "| limits | p50 (c=1) | p99 (c=1) | req/s (c=%d) | CPU/req (bench process) | EVALSHA/req | redis-server CPU/req |\n|---|---|---|---|---|---|---|\n", llBenchConcurrency)
+	for _, x := range []struct {
+		name string
+		r    llResult
+	}{{"off", fo}, {"on", fn}} {
+		fmt.Fprintf(&sb, "| %s | %s | %s | %.0f | %s | %.3f | %s |\n", x.name, us(x.r.p50), us(x.r.p99), x.r.rps, us(x.r.cpuPerReq), x.r.evalshaPerReq, us(x.r.redisCPUPerReq))
+	}
+	fmt.Fprintf(&sb, "on/off throughput %.3f× (target ≥ 0.8); added p50 %s; added p99 %s\n", ratio, us(fn.p50-fo.p50), us(fn.p99-fo.p99))
+	for i := range off {
+		fmt.Fprintf(&sb, "round %d: req/s off %.0f on %.0f (%.3f×); p50 off %s on %s (+%s)\n", i+1, off[i].rps, on[i].rps, on[i].rps/off[i].rps,
+			us(off[i].p50), us(on[i].p50), us(on[i].p50-off[i].p50))
+	}
+	b.Log(sb.String())
+	b.ReportMetric(ratio, "throughput_ratio")
+	b.ReportMetric(float64(fn.p50-fo.p50)/float64(time.Microsecond), "added_p50_us")
+	b.ReportMetric(fo.rps, "off_rps")
+	b.ReportMetric(fn.rps, "on_rps")
+	// Two round trips per limited request (admit, settle); renewals only
+	// for requests older than the renew interval, which these are not.
+	require.InDelta(b, 2.0, fn.evalshaPerReq, 0.01, "EVALSHA calls per limited request under load")
+	require.Zero(b, fo.evalshaPerReq, "EVALSHA calls per request without limits")
+	require.GreaterOrEqual(b, ratio, 0.8, "throughput with limits on / off")
+}
