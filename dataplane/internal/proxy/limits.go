@@ -28,8 +28,11 @@ import (
 
 // Error codes and types of limit rejections (docs/errors.md).
 const (
-	TypeRateLimit         = "rate_limit_error"
-	TypeInsufficientQuota = "insufficient_quota"
+	TypeRateLimit = "rate_limit_error"
+	// TypeBudgetExceeded is the type of a budget rejection (SPEC §8.3).
+	TypeBudgetExceeded = "budget_exceeded"
+	// TypeInsufficientQuota is TypeBudgetExceeded (old name, for tests in flight).
+	TypeInsufficientQuota = TypeBudgetExceeded
 
 	CodeRateLimitExceeded        = "rate_limit_exceeded"
 	CodeTokenRateLimitExceeded   = "token_rate_limit_exceeded"
@@ -235,7 +238,7 @@ func (x *exchange) rejection(w http.ResponseWriter, r *limits.Rejection) *Error 
 			e.Message = fmt.Sprintf("the limits store restarted moments ago; concurrency of %s is re-counted, retry shortly", scope)
 		}
 	case limits.LimitBudget:
-		e.Type, e.Code, e.NoRetry = TypeInsufficientQuota, CodeBudgetExceeded, true
+		e.Type, e.Code, e.NoRetry = TypeBudgetExceeded, CodeBudgetExceeded, true
 		e.Message = fmt.Sprintf("budget exceeded for %s: spend $%s ≥ cap $%s in the current window (resets %s)",
 			scope, usd(r.SpendMicros), usd(r.CapMicros), r.WindowEnd.Format(time.RFC3339))
 	}

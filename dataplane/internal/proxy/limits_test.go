@@ -259,7 +259,7 @@ func TestLimitsBudgetExceeded(t *testing.T) {
 	e := readErr(t, le.post(RouteChat, tok, chatBody("m", "")))
 	require.Equal(t, 429, e.Status)
 	require.Equal(t, CodeBudgetExceeded, e.Error.Code)
-	require.Equal(t, TypeInsufficientQuota, e.Error.Type)
+	require.Equal(t, TypeBudgetExceeded, e.Error.Type)
 	require.Equal(t, "false", e.Header.Get("X-Should-Retry"))
 	require.Equal(t, "key:k1", e.Header.Get(HeaderLimitScope))
 	require.Equal(t, "budget", e.Header.Get(HeaderLimitType))
