@@ -256,24 +256,23 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		d.closeClients()
 		return nil, err
 	}
-	var fallback *limits.LocalLimiter
-	if cfg.RateLimitFallback == RateFallbackLocal {
-		hb := cfg.HeartbeatInterval
-		if hb == 0 {
-			hb = configsync.DefaultHeartbeatInterval
-		}
-		fv, sub, err := newFleetView(nc, cfg.Region, cfg.InstanceID, hb)
-		if err != nil {
-			d.closeClients()
-			return nil, fmt.Errorf("subscribe to heartbeats: %w", err)
-		}
-		d.fleetSub = sub
-		fallback = limits.NewLocalLimiter(fv.Live)
+	// The local rpm/tpm fallback is always ready: levels may ask for it
+	// (rate_limit_fallback "local") even when the default is closed.
+	hb := cfg.HeartbeatInterval
+	if hb == 0 {
+		hb = configsync.DefaultHeartbeatInterval
 	}
+	fv, sub, err := newFleetView(nc, cfg.Region, cfg.InstanceID, hb)
+	if err != nil {
+		d.closeClients()
+		return nil, fmt.Errorf("subscribe to heartbeats: %w", err)
+	}
+	d.fleetSub = sub
+	fallback := limits.NewLocalLimiter(fv.Live)
 	d.proxy, err = apiproxy.New(apiproxy.Config{Catalog: d.sync.Catalog, Gate: d.gate, Peppers: peppers, Usage: d.usage,
 		Registerer: d.registry, Region: cfg.Region, InstanceID: cfg.InstanceID, MaxBodyBytes: cfg.MaxBodyBytes,
 		RequestTimeout: cfg.RequestTimeout, MaxRetries: cfg.MaxRetries, Logger: log,
-		Limiter: lim, RateFallback: fallback, Alerts: d.alerts, DefaultMaxOutputTokens: cfg.DefaultMaxOutputTokens})
+		Limiter: lim, RateFallback: fallback, RateFallbackDefault: cfg.RateLimitFallback == RateFallbackLocal, Alerts: d.alerts, DefaultMaxOutputTokens: cfg.DefaultMaxOutputTokens})
 	if err != nil {
 		d.closeClients()
 		return nil, err

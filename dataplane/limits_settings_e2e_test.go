@@ -123,6 +123,8 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		UpstreamModel: "up", Weight: 1, Prices: prices}))
 	require.NoError(t, err)
 	p := d.startProxy("default", time.Minute)
+	// A data plane whose Redis is unreachable (rate_limit_fallback).
+	pDead := d.startProxy("default", time.Minute, func(c *Config) { c.RedisURL = "redis://" + closedPort(t) + "/0" })
 	c := d.clients()
 	cc := d.customerClient()
 	peppers, err := token.ParsePeppers(testPepper)
@@ -190,6 +192,11 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		}, perModel: true, check: "budget"},
 		"model_rpm_limit": {limits: func() *adminv1.Limits { return &adminv1.Limits{ModelRpmLimit: map[string]int64{"m": 1}} }, perModel: true, check: "rpm"},
 		"model_tpm_limit": {limits: func() *adminv1.Limits { return &adminv1.Limits{ModelTpmLimit: map[string]int64{"m": 200}} }, perModel: true, check: "tpm"},
+		// Proved on a data plane whose Redis is unreachable and whose
+		// default is closed: the level's "local" admits by the local share.
+		"rate_limit_fallback": {limits: func() *adminv1.Limits {
+			return &adminv1.Limits{RpmLimit: i64(1000), RateLimitFallback: "local"}
+		}, check: "fallback"},
 	}
 	for _, f := range limitFields {
 		_, ok := cases[f]
@@ -237,6 +244,11 @@ func TestNoDeadLimitSettings(t *testing.T) {
 				}
 				require.NoError(t, err)
 				waitLimits(t, p, peppers, ten.Token, lvl, ten.OrgID, custExt, l)
+				if fc.check == "fallback" {
+					waitLimits(t, pDead, peppers, ten.Token, lvl, ten.OrgID, custExt, l)
+					checkFallback(t, pDead, ten, custExt, lvl, l)
+					return
+				}
 				checkEnforced(t, p, ten, custExt, lvl, fc.check)
 			})
 		}
@@ -388,6 +400,18 @@ func checkEnforced(t *testing.T, p *proxy, ten tenant, custExt, lvl, check strin
 	default:
 		t.Fatalf("unknown check %q", check)
 	}
+}
+
+// checkFallback proves rate_limit_fallback on pDead (Redis unreachable,
+// data-plane default closed): the level's "local" admits the request by
+// the local share of its rpm limit (without it the request is refused
+// 503 limits_unavailable, as TestLocalRateFallbackSharesTheLimit and the
+// proxy tests show).
+func checkFallback(t *testing.T, pDead *proxy, ten tenant, custExt, lvl string, l *adminv1.Limits) {
+	t.Helper()
+	require.Equal(t, "local", l.GetRateLimitFallback())
+	e := settingsPost(t, pDead, ten.Token, custExt, settingsBody)
+	require.Equal(t, 200, e.status, "%s allows the local fallback: %+v", lvl, e.Error)
 }
 
 func catalogWindow(w string) (time.Time, time.Time, error) {

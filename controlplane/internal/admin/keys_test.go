@@ -327,6 +327,7 @@ func TestCreateKeyValidationNamesTheField(t *testing.T) {
 		{"allowed_routes[1]", &adminv1.CreateKeyRequest{AllowedRoutes: []string{"/v1/models", "/v1/models"}}},
 		{"limits.rpm_limit", &adminv1.CreateKeyRequest{Limits: &adminv1.Limits{RpmLimit: proto.Int64(0)}}},
 		{"limits.budget_duration", &adminv1.CreateKeyRequest{Limits: &adminv1.Limits{MaxBudget: proto.Float64(5)}}},
+		{"limits.rate_limit_fallback", &adminv1.CreateKeyRequest{Limits: &adminv1.Limits{RateLimitFallback: "open"}}},
 		{"limits.model_max_budget[m]", &adminv1.CreateKeyRequest{Limits: &adminv1.Limits{ModelMaxBudget: map[string]float64{"m": -1}, BudgetDuration: "1d"}}},
 		{"metadata", &adminv1.CreateKeyRequest{Metadata: map[string]string{"": "x"}}},
 		{"user_id", &adminv1.CreateKeyRequest{UserId: strings.Repeat("u", 200)}},

@@ -215,6 +215,11 @@ func validateLimits(c *validator, prefix string, l *adminv1.Limits, lvl Level, e
 			validCount(c, f("model_tpm_limit")+"["+m+"]", l.ModelTpmLimit[m], maxRateLimit)
 		}
 	})
+	switch l.RateLimitFallback {
+	case "", "closed", "local":
+	default:
+		c.add(f("rate_limit_fallback"), "must be \"closed\", \"local\" or empty (the data plane's default), got %q", l.RateLimitFallback)
+	}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

@@ -111,6 +111,10 @@ type Scope struct {
 	TPM         int64 // tokens per sliding 60 s window
 	MaxParallel int64 // concurrent requests (leases)
 	Budget      *Budget
+	// LocalFallback is the caller's policy, never sent to Redis: whether
+	// this scope's rpm/tpm limits may be enforced by a LocalLimiter while
+	// Redis is unavailable.
+	LocalFallback bool
 }
 
 // Budget is a spend cap over a window, in micro-USD.

@@ -70,10 +70,11 @@ var errLeaseLost = errors.New("concurrency leases could not be renewed (limits u
 // limitScopes builds the scopes of a request: every level of the principal
 // that carries a limit, the key's and team's per-model limits for group,
 // and the end customer's limits. Scopes without any limit are left out.
-func limitScopes(cat *catalog.Catalog, p *catalog.Principal, cu *configv1.Customer, group string) []limits.Scope {
+func limitScopes(cat *catalog.Catalog, p *catalog.Principal, cu *configv1.Customer, group string, fallbackDefault bool) []limits.Scope {
 	var out []limits.Scope
+	var local bool // the rate_limit_fallback of the level being added
 	add := func(kind, id string, rpm, tpm, par int64, capUSD, softUSD float64, window string) {
-		s := limits.Scope{Kind: kind, ID: id, RPM: rpm, TPM: tpm, MaxParallel: par}
+		s := limits.Scope{Kind: kind, ID: id, RPM: rpm, TPM: tpm, MaxParallel: par, LocalFallback: local}
 		if (capUSD > 0 || softUSD > 0) && window != "" {
 			b := &limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window}
 			if seed, ok := cat.BudgetSeed(kind, id, window); ok {
@@ -85,10 +86,20 @@ func limitScopes(cat *catalog.Catalog, p *catalog.Principal, cu *configv1.Custom
 			out = append(out, s)
 		}
 	}
+	fallback := func(l *configv1.Limits) bool {
+		switch l.GetRateLimitFallback() {
+		case "local":
+			return true
+		case "closed":
+			return false
+		}
+		return fallbackDefault
+	}
 	level := func(kind, id string, l *configv1.Limits, capUSD float64) {
 		if l == nil && capUSD == 0 {
 			return
 		}
+		local = fallback(l)
 		if l.MaxBudget != nil {
 			capUSD = l.GetMaxBudget()
 		}
@@ -98,6 +109,7 @@ func limitScopes(cat *catalog.Catalog, p *catalog.Principal, cu *configv1.Custom
 		if l == nil || group == "" {
 			return
 		}
+		local = fallback(l)
 		add(kind, budget.ModelID(owner, group), l.GetModelRpmLimit()[group], l.GetModelTpmLimit()[group], 0,
 			l.GetModelMaxBudget()[group], 0, l.GetBudgetDuration())
 	}
@@ -158,7 +170,7 @@ func (x *exchange) estimate(cands []candidate) (tokens, maxCostMicros int64) {
 // way.
 func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cat *catalog.Catalog, cands []candidate) *Error {
 	h := x.h
-	scopes := limitScopes(cat, x.p, x.cust, x.group)
+	scopes := limitScopes(cat, x.p, x.cust, x.group, h.cfg.RateFallbackDefault)
 	if len(scopes) == 0 {
 		return nil
 	}
@@ -178,7 +190,7 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cat *catalo
 		}
 		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
 		h.cancelAdmission(d.Lease, err)
-		if h.cfg.RateFallback == nil {
+		if h.cfg.RateFallback == nil || !localFallbackAllowed(scopes) {
 			return limitsUnavailable("the limits store did not answer in time; requests with limits are refused until it does")
 		}
 		d, err = h.cfg.RateFallback.Admit(req)
@@ -204,6 +216,17 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cat *catalo
 		x.lease = d.Lease
 	}
 	return nil
+}
+
+// localFallbackAllowed reports whether every rpm/tpm-limited scope allows
+// the local fallback (rate_limit_fallback, else the data plane's default).
+func localFallbackAllowed(scopes []limits.Scope) bool {
+	for _, s := range scopes {
+		if (s.RPM > 0 || s.TPM > 0) && !s.LocalFallback {
+			return false
+		}
+	}
+	return true
 }
 
 func limitsUnavailable(msg string) *Error {

@@ -314,12 +314,17 @@ func TestLimitsUnavailableFailsClosed(t *testing.T) {
 			e := newEnv(t, func(c *Config) {
 				c.Limiter = lim
 				c.RateFallback = limits.NewLocalLimiter(func() int { return 2 })
+				c.RateFallbackDefault = true
 			})
 			e.group("m")
 			e.deploy("d1", "m", startUpstream(t, &slowUpstream{}), nil)
 			par := e.key("kp", func(k *configv1.Key) { k.Limits = &configv1.Limits{MaxParallelRequests: ptr[int64](5)} })
 			bud := e.key("kb", func(k *configv1.Key) { k.Limits = &configv1.Limits{MaxBudget: ptr(5.0), BudgetDuration: "1d"} })
 			rpm := e.key("kr", func(k *configv1.Key) { k.Limits = &configv1.Limits{RpmLimit: ptr[int64](4)} })
+			// A level may refuse the fallback the data plane allows.
+			closed := e.key("kc", func(k *configv1.Key) {
+				k.Limits = &configv1.Limits{RpmLimit: ptr[int64](4), RateLimitFallback: "closed"}
+			})
 			free := e.key("kf", nil)
 			e.apply()
 			for _, tok := range []string{par, bud} {
@@ -337,6 +342,9 @@ func TestLimitsUnavailableFailsClosed(t *testing.T) {
 			}
 			er := readErr(t, e.post(RouteChat, rpm, chatBody("m", "")))
 			require.Equal(t, 429, er.Status)
+			er = readErr(t, e.post(RouteChat, closed, chatBody("m", "")))
+			require.Equal(t, 503, er.Status)
+			require.Equal(t, CodeLimitsUnavailable, er.Error.Code)
 			// No limits at all: no Redis call, served.
 			resp := e.post(RouteChat, free, chatBody("m", ""))
 			resp.Body.Close()

@@ -131,9 +131,12 @@ type Config struct {
 	// max_concurrency applies per instance only. Only tests run without one.
 	Limiter *limits.Limiter
 	// RateFallback, when set, admits requests whose only limits are rpm/tpm
-	// by this instance's local share while Redis is unavailable (nil: such
-	// requests fail closed too). Budget and concurrency never fall back.
-	RateFallback *limits.LocalLimiter
+	// by this instance's local share while Redis is unavailable, when every
+	// level limiting the request allows it: its rate_limit_fallback is
+	// "local", or empty and RateFallbackDefault is set (nil: such requests
+	// fail closed too). Budget and concurrency never fall back.
+	RateFallback        *limits.LocalLimiter
+	RateFallbackDefault bool
 	// Alerts receives budget alerts (nil: only counted and logged).
 	Alerts AlertSink
 	// DefaultMaxOutputTokens is the output bound used for estimates when

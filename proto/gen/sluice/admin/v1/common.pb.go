@@ -105,8 +105,16 @@ type Limits struct {
 	ModelRpmLimit map[string]int64 `protobuf:"bytes,9,rep,name=model_rpm_limit,json=modelRpmLimit,proto3" json:"model_rpm_limit,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	// Per-model tokens per minute (keys and teams only).
 	ModelTpmLimit map[string]int64 `protobuf:"bytes,10,rep,name=model_tpm_limit,json=modelTpmLimit,proto3" json:"model_tpm_limit,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// What this level's rpm/tpm limits (including the per-model ones) do
+	// while the data plane cannot reach Redis: "closed" (503
+	// limits_unavailable), "local" (each data plane admits its share, the
+	// limit ÷ live data planes of the region) or "" (the data plane's
+	// --rate-limit-fallback, closed by default). Budgets and concurrency
+	// always fail closed. A request falls back only if every level that
+	// limits it allows it.
+	RateLimitFallback string `protobuf:"bytes,11,opt,name=rate_limit_fallback,json=rateLimitFallback,proto3" json:"rate_limit_fallback,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Limits) Reset() {
@@ -209,11 +217,18 @@ func (x *Limits) GetModelTpmLimit() map[string]int64 {
 	return nil
 }
 
+func (x *Limits) GetRateLimitFallback() string {
+	if x != nil {
+		return x.RateLimitFallback
+	}
+	return ""
+}
+
 var File_sluice_admin_v1_common_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_common_proto_rawDesc = "" +
 	"\n" +
-	"\x1csluice/admin/v1/common.proto\x12\x0fsluice.admin.v1\"\xba\x06\n" +
+	"\x1csluice/admin/v1/common.proto\x12\x0fsluice.admin.v1\"\xea\x06\n" +
 	"\x06Limits\x12\"\n" +
 	"\n" +
 	"max_budget\x18\x01 \x01(\x01H\x00R\tmaxBudget\x88\x01\x01\x12'\n" +
@@ -227,7 +242,8 @@ const file_sluice_admin_v1_common_proto_rawDesc = "" +
 	"\x10model_max_budget\x18\b \x03(\v2+.sluice.admin.v1.Limits.ModelMaxBudgetEntryR\x0emodelMaxBudget\x12R\n" +
 	"\x0fmodel_rpm_limit\x18\t \x03(\v2*.sluice.admin.v1.Limits.ModelRpmLimitEntryR\rmodelRpmLimit\x12R\n" +
 	"\x0fmodel_tpm_limit\x18\n" +
-	" \x03(\v2*.sluice.admin.v1.Limits.ModelTpmLimitEntryR\rmodelTpmLimit\x1aA\n" +
+	" \x03(\v2*.sluice.admin.v1.Limits.ModelTpmLimitEntryR\rmodelTpmLimit\x12.\n" +
+	"\x13rate_limit_fallback\x18\v \x01(\tR\x11rateLimitFallback\x1aA\n" +
 	"\x13ModelMaxBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +

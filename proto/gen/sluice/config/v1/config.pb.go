@@ -91,6 +91,7 @@ type Limits struct {
 	ModelMaxBudget      map[string]float64     `protobuf:"bytes,8,rep,name=model_max_budget,json=modelMaxBudget,proto3" json:"model_max_budget,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	ModelRpmLimit       map[string]int64       `protobuf:"bytes,9,rep,name=model_rpm_limit,json=modelRpmLimit,proto3" json:"model_rpm_limit,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	ModelTpmLimit       map[string]int64       `protobuf:"bytes,10,rep,name=model_tpm_limit,json=modelTpmLimit,proto3" json:"model_tpm_limit,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	RateLimitFallback   string                 `protobuf:"bytes,11,opt,name=rate_limit_fallback,json=rateLimitFallback,proto3" json:"rate_limit_fallback,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -193,6 +194,13 @@ func (x *Limits) GetModelTpmLimit() map[string]int64 {
 		return x.ModelTpmLimit
 	}
 	return nil
+}
+
+func (x *Limits) GetRateLimitFallback() string {
+	if x != nil {
+		return x.RateLimitFallback
+	}
+	return ""
 }
 
 type Org struct {
@@ -2213,7 +2221,7 @@ var File_sluice_config_v1_config_proto protoreflect.FileDescriptor
 
 const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\n" +
-	"\x1dsluice/config/v1/config.proto\x12\x10sluice.config.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbd\x06\n" +
+	"\x1dsluice/config/v1/config.proto\x12\x10sluice.config.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x06\n" +
 	"\x06Limits\x12\"\n" +
 	"\n" +
 	"max_budget\x18\x01 \x01(\x01H\x00R\tmaxBudget\x88\x01\x01\x12'\n" +
@@ -2227,7 +2235,8 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x10model_max_budget\x18\b \x03(\v2,.sluice.config.v1.Limits.ModelMaxBudgetEntryR\x0emodelMaxBudget\x12S\n" +
 	"\x0fmodel_rpm_limit\x18\t \x03(\v2+.sluice.config.v1.Limits.ModelRpmLimitEntryR\rmodelRpmLimit\x12S\n" +
 	"\x0fmodel_tpm_limit\x18\n" +
-	" \x03(\v2+.sluice.config.v1.Limits.ModelTpmLimitEntryR\rmodelTpmLimit\x1aA\n" +
+	" \x03(\v2+.sluice.config.v1.Limits.ModelTpmLimitEntryR\rmodelTpmLimit\x12.\n" +
+	"\x13rate_limit_fallback\x18\v \x01(\tR\x11rateLimitFallback\x1aA\n" +
 	"\x13ModelMaxBudgetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a@\n" +
