@@ -10,7 +10,7 @@ TOOLS_DIR ?= $(HOME)/.cache/sluice-tools/$(BUF_VERSION)-$(SQLC_VERSION)-$(PROTOC
 TOOLS_BIN := $(TOOLS_DIR)/bin
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all generate tools services test test-short dev build lint bench bench-distribution fmt
+.PHONY: all generate tools services test test-short dev build lint bench bench-distribution bench-limits fmt
 
 all: build
 
@@ -68,3 +68,10 @@ bench-distribution: services
 ## NATS and the control plane run as their own processes at nice 19; 3 interleaved rounds, medians.
 bench-proxy: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-3} $(GO) test -run '^$$' -bench BenchmarkProxyOverhead -benchtime 1x -timeout 20m -v ./dataplane/
+
+## bench-limits: limits overhead in one run (docs/limits.md): one data plane, a key without limits vs a key
+## limited at key, team and org level (windows kept full), a dedicated redis-server; asserts one Redis round trip
+## before forwarding (+ one settle after), reports throughput on/off (target ≥ 0.8) and added p50; 5 interleaved
+## rounds, medians.
+bench-limits: services
+	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/
