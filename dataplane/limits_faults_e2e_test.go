@@ -228,9 +228,12 @@ func lfGhosts(t *testing.T, rs *lfRedis, proxies []*proxy, prefix, org, concKey,
 	rdb := rs.client()
 	base := prefix + "{o:" + org + "}:"
 	var rpmSum int64
-	vals, err := rdb.HVals(ctx, base+"rpm:key:"+rpmKey).Result()
+	vals, err := rdb.HGetAll(ctx, base+"rpm:key:"+rpmKey).Result()
 	require.NoError(t, err)
-	for _, v := range vals {
+	for f, v := range vals {
+		if f == "t" || f == "o" { // the window's bookkeeping fields
+			continue
+		}
 		n, _ := strconv.ParseInt(v, 10, 64)
 		rpmSum += n
 	}

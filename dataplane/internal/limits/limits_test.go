@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mathrand "math/rand/v2"
 	"net"
 	"sort"
 	"strconv"
@@ -91,9 +92,16 @@ func (b *bundle) state(t testing.TB, s Scope) scopeState {
 		m, err := b.rdb.HGetAll(ctx, key).Result()
 		require.NoError(t, err)
 		var n int64
-		for _, v := range m {
+		for f, v := range m {
+			if f == "t" || f == "o" {
+				continue
+			}
 			x, _ := strconv.ParseInt(v, 10, 64)
 			n += x
+		}
+		if tv, ok := m["t"]; ok {
+			// The bookkeeping total equals the buckets it sums.
+			require.Equal(t, strconv.FormatInt(n, 10), tv, "window %s: 't' is not the sum of its buckets", key)
 		}
 		return n
 	}
@@ -626,4 +634,55 @@ func BenchmarkAdmitSettle(b *testing.B) {
 			}
 		})
 	})
+}
+
+// TestWindowBookkeepingUnderChurn drives one tpm+rpm scope with random
+// admissions, settlements (refunds to zero, under- and over-estimates),
+// idle gaps longer than the window and a hash from before the bookkeeping
+// fields, checking after every step that the window's running total equals
+// its buckets and that a pruned window never counts more than its limit.
+func TestWindowBookkeepingUnderChurn(t *testing.T) {
+	t.Parallel()
+	const window, bucket = 300 * time.Millisecond, 10 * time.Millisecond
+	b := setup(t, func(c *Config) { c.rateWindow, c.rateBucket = window, bucket })
+	s := Scope{Kind: KindKey, ID: "k", RPM: 8, TPM: 400}
+	ctx := context.Background()
+	var live []*Lease
+	admitted := 0
+	for i := range 400 {
+		switch {
+		case i%97 == 0:
+			time.Sleep(2 * window) // idle gap: the whole window leaves
+		case i%7 == 0:
+			time.Sleep(time.Duration(mathrand.IntN(30)) * time.Millisecond)
+		}
+		if len(live) > 0 && mathrand.IntN(2) == 0 {
+			l := live[0]
+			live = live[1:]
+			_, err := b.lim.Settle(ctx, l, int64(mathrand.IntN(120)), 0) // 0..119 vs estimates 1..60
+			require.NoError(t, err)
+			_ = b.state(t, s) // checks 't' == sum of buckets
+			continue
+		}
+		d := b.admit(t, b.req(fmt.Sprint("r", i), int64(1+mathrand.IntN(60)), 0, s))
+		st := b.state(t, s)
+		require.LessOrEqual(t, st.Requests, s.RPM, "step %d", i)
+		if d.Allowed {
+			admitted++
+			live = append(live, d.Lease)
+		} else {
+			require.Positive(t, d.Rejection.RetryAfter)
+			require.LessOrEqual(t, d.Rejection.RetryAfter, window+bucket)
+		}
+	}
+	require.Greater(t, admitted, 20)
+
+	// A window hash written before the bookkeeping fields is rebuilt.
+	time.Sleep(window + 2*bucket) // the tpm window empties
+	k := newKeyBuilder(b.prefix, b.org).scope(&s)
+	require.NoError(t, b.rdb.Del(ctx, k[0]).Err())
+	require.NoError(t, b.rdb.HSet(ctx, k[0], "1", 3).Err()) // a stale bucket (1970)
+	d := b.admit(t, b.req("legacy", 1, 0, s))
+	require.True(t, d.Allowed)
+	require.Equal(t, int64(1), b.state(t, s).Requests)
 }

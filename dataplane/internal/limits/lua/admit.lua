@@ -59,15 +59,15 @@ for i = 1, n do
   }
   st[i] = s
   if s.rpm > 0 then
-    s.rtotal, s.rlist = win_load(scope_key(i, 1), cur, nb)
+    s.rtotal, s.rold = win_load(scope_key(i, 1), cur, nb)
     if not rej and s.rtotal + 1 > s.rpm then
-      rej = { i, 1, win_wait(s.rlist, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
+      rej = { i, 1, win_wait(scope_key(i, 1), s.rold, cur, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
     end
   end
   if s.tpm > 0 then
-    s.ttotal, s.tlist = win_load(scope_key(i, 2), cur, nb)
+    s.ttotal, s.told = win_load(scope_key(i, 2), cur, nb)
     if not rej and s.ttotal + est > s.tpm then
-      rej = { i, 2, win_wait(s.tlist, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
+      rej = { i, 2, win_wait(scope_key(i, 2), s.told, cur, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
     end
   end
   if s.par > 0 then
@@ -102,12 +102,12 @@ if not rej then
     if s.rpm > 0 then
       win_add(scope_key(i, 1), cur, 1, window_ms + 2 * bms)
       s.rtotal = s.rtotal + 1
-      s.rlist[#s.rlist + 1] = { cur, 1 }
+      if s.rold == nil then s.rold = cur end
     end
     if s.tpm > 0 then
       win_add(scope_key(i, 2), cur, est, window_ms + 2 * bms)
       s.ttotal = s.ttotal + est
-      s.tlist[#s.tlist + 1] = { cur, est }
+      if s.told == nil and est > 0 then s.told = cur end
     end
     if s.par > 0 then
       local pk = scope_key(i, 3)
@@ -136,7 +136,7 @@ for i = 1, n do
     if h[1] == 0 or rem < h[2] then
       h[1], h[2] = s.rpm, rem
       h[3] = 0
-      if #s.rlist > 0 then h[3] = (s.rlist[1][1] + nb + 1) * bms - now end
+      if s.rold then h[3] = (s.rold + nb + 1) * bms - now end
     end
   end
   if s.tpm > 0 then
@@ -144,7 +144,7 @@ for i = 1, n do
     if h[4] == 0 or rem < h[5] then
       h[4], h[5] = s.tpm, rem
       h[6] = 0
-      if #s.tlist > 0 then h[6] = (s.tlist[1][1] + nb + 1) * bms - now end
+      if s.told then h[6] = (s.told + nb + 1) * bms - now end
     end
   end
 end

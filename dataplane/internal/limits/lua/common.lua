@@ -94,51 +94,117 @@ local function budget_load(key, idx, start_s, end_s, seed, seed_start)
   return s
 end
 
--- win_load reads a sliding-window hash (bucket index -> amount), deletes the
--- buckets that left the window, and returns the total and the live buckets
--- sorted oldest first. The window counts buckets cur-nb .. cur (nb+1
--- buckets), so it always covers the last nb*bucket_ms milliseconds in full.
-local function win_load(key, cur, nb)
+-- Sliding windows. A window hash maps bucket index -> amount (every
+-- bucket > 0) and keeps two bookkeeping fields: 't', the sum of every
+-- bucket in the hash, and 'o', a lower bound of the oldest bucket. A check
+-- is O(1) amortised: buckets that left the window are found from 'o' (each
+-- index is visited once), never by reading the whole hash. The window
+-- counts buckets cur-nb .. cur (nb+1 buckets), so it always covers the last
+-- nb*bucket_ms milliseconds in full.
+
+-- win_rebuild recomputes 't' and 'o' from the whole hash, deleting the
+-- buckets below lo (after a long idle gap, or for a hash written before the
+-- bookkeeping fields existed). Returns the total and the oldest bucket.
+local function win_rebuild(key, lo)
   local raw = redis.call('HGETALL', key)
-  local total, list, stale = 0, {}, {}
+  local total, oldest, stale = 0, nil, {}
   for j = 1, #raw, 2 do
-    local b, c = tonumber(raw[j]), tonumber(raw[j + 1])
-    if b < cur - nb then
-      stale[#stale + 1] = raw[j]
-    else
-      total = total + c
-      list[#list + 1] = { b, c }
+    local f = raw[j]
+    if f ~= 't' and f ~= 'o' then
+      local b, c = tonumber(f), tonumber(raw[j + 1])
+      if b < lo or c <= 0 then
+        stale[#stale + 1] = f
+      else
+        total = total + c
+        if oldest == nil or b < oldest then oldest = b end
+      end
     end
   end
+  if oldest == nil then
+    redis.call('DEL', key)
+    return 0, nil
+  end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  table.sort(list, function(a, b) return a[1] < b[1] end)
-  return total, list
+  redis.call('HSET', key, 't', total, 'o', oldest)
+  return total, oldest
 end
 
--- win_wait returns the milliseconds until a window holding list (total)
--- can take cost more under limit: until enough of the oldest buckets have
--- left. -1 when cost alone exceeds limit (never admissible).
-local function win_wait(list, total, cost, limit, nb, bms, now)
+-- win_load prunes the buckets that left the window and returns the total
+-- and the oldest live bucket (nil when the window is empty).
+local function win_load(key, cur, nb)
+  local lo = cur - nb
+  local v = redis.call('HMGET', key, 't', 'o')
+  if not v[1] or not v[2] then
+    if redis.call('EXISTS', key) == 1 then return win_rebuild(key, lo) end
+    return 0, nil
+  end
+  local total, o0 = tonumber(v[1]), tonumber(v[2])
+  local o = o0
+  if o < lo then
+    if lo - o > nb + 1 then return win_rebuild(key, lo) end
+    local fields = {}
+    for b = o, lo - 1 do fields[#fields + 1] = b end
+    local vals = redis.call('HMGET', key, unpack(fields))
+    local del = {}
+    for j = 1, #fields do
+      if vals[j] then
+        total = total - tonumber(vals[j])
+        del[#del + 1] = fields[j]
+      end
+    end
+    if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+    o = lo
+  end
+  while o <= cur and redis.call('HEXISTS', key, o) == 0 do o = o + 1 end
+  if o > cur then
+    redis.call('DEL', key)
+    return 0, nil
+  end
+  if o ~= o0 or total ~= tonumber(v[1]) then redis.call('HSET', key, 't', total, 'o', o) end
+  return total, o
+end
+
+-- win_wait returns the milliseconds until a window holding total (oldest
+-- live bucket oldest) can take cost more under limit: until enough of the
+-- oldest buckets have left. -1 when cost alone exceeds limit (never
+-- admissible). Only rejections call it (one HMGET of the live buckets).
+local function win_wait(key, oldest, cur, total, cost, limit, nb, bms, now)
   if cost > limit then return -1 end
   local need = total + cost - limit
   if need <= 0 then return 0 end
-  for _, e in ipairs(list) do
-    need = need - e[2]
-    if need <= 0 then
-      local w = (e[1] + nb + 1) * bms - now
-      if w < 1 then w = 1 end
-      return w
+  if oldest == nil then return (nb + 1) * bms end
+  local fields = {}
+  for b = oldest, cur do fields[#fields + 1] = b end
+  local vals = redis.call('HMGET', key, unpack(fields))
+  for j = 1, #fields do
+    if vals[j] then
+      need = need - tonumber(vals[j])
+      if need <= 0 then
+        local w = (fields[j] + nb + 1) * bms - now
+        if w < 1 then w = 1 end
+        return w
+      end
     end
   end
   return (nb + 1) * bms
 end
 
--- win_add adds amount to bucket b (clamping at 0) and keeps the hash alive
--- for one window past its newest bucket.
+-- win_add adds amount to bucket b (a bucket reaching 0 or less is removed),
+-- keeps 't' and 'o' true, and keeps the hash alive for one window past its
+-- newest bucket.
 local function win_add(key, b, amount, ttl_ms)
   if amount == 0 then return end
   local v = redis.call('HINCRBY', key, b, amount)
-  if v <= 0 then redis.call('HDEL', key, b) end
+  local applied = amount
+  if v <= 0 then
+    redis.call('HDEL', key, b)
+    applied = amount - v
+  end
+  if applied ~= 0 then redis.call('HINCRBY', key, 't', applied) end
+  if v > 0 then
+    local o = redis.call('HGET', key, 'o')
+    if not o or b < tonumber(o) then redis.call('HSET', key, 'o', b) end
+  end
   redis.call('PEXPIRE', key, ttl_ms)
 end
 
