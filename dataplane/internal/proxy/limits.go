@@ -368,54 +368,68 @@ func (l *liveLeases) setDep(d *limits.Lease) {
 }
 
 // startRenewal renews the exchange's leases every RenewInterval until
-// stop is closed. When no renewal succeeds for LeaseTTL − RenewInterval the
+// stopRenewal. When no renewal succeeds for LeaseTTL − RenewInterval the
 // request is cancelled with errLeaseLost: its slots may have been given
 // away, and a request must not outlive its lease.
 func (x *exchange) startRenewal() {
 	lim := x.h.cfg.Limiter
-	if lim == nil || x.renewStop != nil {
+	if lim == nil || x.renewal != nil {
 		return
 	}
-	abort := x.abort
-	stop := make(chan struct{})
-	x.renewStop = stop
-	interval, ttl := lim.RenewInterval(), lim.LeaseTTL()
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		lastOK := time.Now()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			ok := true
-			for _, l := range x.leases.snapshot() {
-				st, err := lim.Renew(context.Background(), l)
-				if err != nil {
-					ok = false
-					x.h.m.limitsUnavailable.WithLabelValues("renew").Inc()
-					continue
-				}
-				if st == limits.RenewReasserted {
-					x.h.m.leasesReasserted.Inc()
-				}
-			}
-			if ok {
-				lastOK = time.Now()
-			} else if time.Since(lastOK) > ttl-interval {
-				x.h.log.Warn("aborting request: leases could not be renewed", "request_id", x.id)
-				abort(errLeaseLost)
-				return
-			}
+	// A timer, not a goroutine: most requests end before the first
+	// renewal is due and then cost nothing here.
+	r := &renewal{x: x, lim: lim, interval: lim.RenewInterval(), ttl: lim.LeaseTTL(), lastOK: time.Now()}
+	x.renewal = r
+	r.mu.Lock()
+	r.t = time.AfterFunc(r.interval, r.fire)
+	r.mu.Unlock()
+}
+
+// renewal renews an exchange's leases every interval until stopped.
+type renewal struct {
+	x             *exchange
+	lim           *limits.Limiter
+	interval, ttl time.Duration
+	lastOK        time.Time
+	mu            sync.Mutex
+	t             *time.Timer
+	stopped       bool
+}
+
+func (r *renewal) fire() {
+	x := r.x
+	ok := true
+	for _, l := range x.leases.snapshot() {
+		st, err := r.lim.Renew(context.Background(), l)
+		if err != nil {
+			ok = false
+			x.h.m.limitsUnavailable.WithLabelValues("renew").Inc()
+			continue
 		}
-	}()
+		if st == limits.RenewReasserted {
+			x.h.m.leasesReasserted.Inc()
+		}
+	}
+	if ok {
+		r.lastOK = time.Now()
+	} else if time.Since(r.lastOK) > r.ttl-r.interval {
+		x.h.log.Warn("aborting request: leases could not be renewed", "request_id", x.id)
+		x.abort(errLeaseLost)
+		return
+	}
+	r.mu.Lock()
+	if !r.stopped {
+		r.t.Reset(r.interval)
+	}
+	r.mu.Unlock()
 }
 
 func (x *exchange) stopRenewal() {
-	if x.renewStop != nil {
-		close(x.renewStop)
+	if r := x.renewal; r != nil {
+		r.mu.Lock()
+		r.stopped = true
+		r.t.Stop()
+		r.mu.Unlock()
 	}
 }
 

@@ -325,7 +325,7 @@ type exchange struct {
 	localReq  *limits.Request
 	estTokens int64
 	leases    liveLeases
-	renewStop chan struct{}
+	renewal   *renewal
 	abort     context.CancelCauseFunc
 }
 

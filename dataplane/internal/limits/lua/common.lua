@@ -130,7 +130,10 @@ local function win_rebuild(key, lo)
 end
 
 -- win_load prunes the buckets that left the window and returns the total
--- and the oldest live bucket (nil when the window is empty).
+-- and the oldest live bucket (nil when the window is empty). One HMGET in
+-- the steady state; pruning (at most once per bucket) also moves 'o' to the
+-- oldest remaining bucket. Between prunings 'o' may name a bucket a
+-- refund removed, so the oldest bucket returned is then slightly early.
 local function win_load(key, cur, nb)
   local lo = cur - nb
   local v = redis.call('HMGET', key, 't', 'o')
@@ -138,8 +141,7 @@ local function win_load(key, cur, nb)
     if redis.call('EXISTS', key) == 1 then return win_rebuild(key, lo) end
     return 0, nil
   end
-  local total, o0 = tonumber(v[1]), tonumber(v[2])
-  local o = o0
+  local total, o = tonumber(v[1]), tonumber(v[2])
   if o < lo then
     if lo - o > nb + 1 then return win_rebuild(key, lo) end
     local fields = {}
@@ -153,14 +155,18 @@ local function win_load(key, cur, nb)
       end
     end
     if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+    if total <= 0 then
+      redis.call('DEL', key)
+      return 0, nil
+    end
     o = lo
+    while o < cur and redis.call('HEXISTS', key, o) == 0 do o = o + 1 end
+    redis.call('HSET', key, 't', total, 'o', o)
   end
-  while o <= cur and redis.call('HEXISTS', key, o) == 0 do o = o + 1 end
-  if o > cur then
+  if total <= 0 then
     redis.call('DEL', key)
     return 0, nil
   end
-  if o ~= o0 or total ~= tonumber(v[1]) then redis.call('HSET', key, 't', total, 'o', o) end
   return total, o
 end
 
@@ -190,8 +196,8 @@ local function win_wait(key, oldest, cur, total, cost, limit, nb, bms, now)
 end
 
 -- win_add adds amount to bucket b (a bucket reaching 0 or less is removed),
--- keeps 't' and 'o' true, and keeps the hash alive for one window past its
--- newest bucket.
+-- keeps 't' true and 'o' a lower bound, and keeps the hash alive for one
+-- window past its newest bucket.
 local function win_add(key, b, amount, ttl_ms)
   if amount == 0 then return end
   local v = redis.call('HINCRBY', key, b, amount)
@@ -201,11 +207,14 @@ local function win_add(key, b, amount, ttl_ms)
     applied = amount - v
   end
   if applied ~= 0 then redis.call('HINCRBY', key, 't', applied) end
-  if v > 0 then
+  if v > 0 and v == amount then
+    -- A new bucket: it may be the oldest, and the hash must outlive it.
+    -- (An existing bucket is covered by the expiry set when the newest
+    -- bucket was created.)
     local o = redis.call('HGET', key, 'o')
     if not o or b < tonumber(o) then redis.call('HSET', key, 'o', b) end
+    redis.call('PEXPIRE', key, ttl_ms)
   end
-  redis.call('PEXPIRE', key, ttl_ms)
 end
 
 -- record_get reads the request record hash into a table (empty when missing).
