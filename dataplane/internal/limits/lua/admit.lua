@@ -72,11 +72,13 @@ for i = 1, n do
   end
   if s.par > 0 then
     local pk = scope_key(i, 3)
-    redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
     if not rej then
+      -- Live leases only (expired ones are pruned when the scope is full,
+      -- and the whole set expires when idle).
       if quarantine_left > 0 then
         rej = { i, 3, quarantine_left, 0, 0, 1, 0 }
-      elseif redis.call('ZCARD', pk) >= s.par then
+      elseif redis.call('ZCOUNT', pk, '(' .. now, '+inf') >= s.par then
+        redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
         local first = redis.call('ZRANGE', pk, 0, 0, 'WITHSCORES')
         local w = par_retry_max
         if first[2] then w = math.min(tonumber(first[2]) - now, par_retry_max) end

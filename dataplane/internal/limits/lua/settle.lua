@@ -44,6 +44,10 @@ local est = tonumber(rec['est'] or 0)
 local reserved = tonumber(rec['cost'] or 0)
 local b = tonumber(rec['b'] or cur)
 local out = { state, epoch }
+-- The alert markers of a budget hash: 'a<pct>' per threshold, then 'soft'.
+local markers = {}
+for j = 1, m do markers[j] = 'a' .. ARGV[8 + j] end
+markers[m + 1] = 'soft'
 
 for i = 1, n do
   local a = 8 + m + 8 * (i - 1)
@@ -63,31 +67,36 @@ for i = 1, n do
     local bk = scope_key(i, 4)
     local idx, ws, we = budget_window(unit, tonumber(ARGV[a + 4]), now_s)
     local cap, soft = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-    local held = redis.call('HGET', bk, 'w')
+    -- One read for the window, the spend and every alert marker.
+    local v = redis.call('HMGET', bk, 'w', unpack(markers))
+    local held, spend = v[1], 0
     if has_rec and held and held == rec['w' .. i] then
       -- The reservation's window is still held: replace it by the real cost.
-      local v = redis.call('HINCRBY', bk, 's', actual - reserved)
-      if v < 0 then redis.call('HSET', bk, 's', 0) end
+      spend = redis.call('HINCRBY', bk, 's', actual - reserved)
+      if spend < 0 then
+        redis.call('HSET', bk, 's', 0)
+        spend = 0
+      end
     else
       -- The reservation went with its window (or never existed): charge the
-      -- real cost to the current window.
+      -- real cost to the current window (markers of an old window go).
       budget_load(bk, idx, ws, we, tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]))
-      redis.call('HINCRBY', bk, 's', actual)
+      spend = redis.call('HINCRBY', bk, 's', actual)
+      v = redis.call('HMGET', bk, 'w', unpack(markers))
+      held = v[1]
     end
-    local v = redis.call('HMGET', bk, 'w', 's')
-    if v[1] and tonumber(v[1]) == idx then
-      local spend = tonumber(v[2]) or 0
+    if held and tonumber(held) == idx then
       if cap > 0 then
         for j = 1, m do
           local pct = tonumber(ARGV[8 + j])
-          if spend * 100 >= cap * pct and redis.call('HSETNX', bk, 'a' .. pct, 1) == 1 then
+          if not v[1 + j] and spend * 100 >= cap * pct and redis.call('HSETNX', bk, 'a' .. pct, 1) == 1 then
             out[#out + 1] = i
             out[#out + 1] = pct
             out[#out + 1] = spend
           end
         end
       end
-      if soft > 0 and spend >= soft and redis.call('HSETNX', bk, 'soft', 1) == 1 then
+      if soft > 0 and not v[2 + m] and spend >= soft and redis.call('HSETNX', bk, 'soft', 1) == 1 then
         out[#out + 1] = i
         out[#out + 1] = 0
         out[#out + 1] = spend
@@ -96,7 +105,7 @@ for i = 1, n do
   end
 end
 
-redis.call('DEL', KEYS[2])
+-- The tombstone: the record's fields stay (a few bytes) until it expires.
 redis.call('HSET', KEYS[2], 'done', 1)
 redis.call('PEXPIRE', KEYS[2], tomb_ttl)
 return out
