@@ -122,6 +122,13 @@ type Config struct {
 	// max_tokens on deployments without max_output_tokens, for token
 	// estimates and budget reservations (default 4096).
 	DefaultMaxOutputTokens int64
+	// SoleDataPlane declares that this instance is the only data plane
+	// using its Redis key prefix, as under `sluice dev`: once its first
+	// snapshot is loaded it bootstraps the limits epoch of every org and
+	// deployment, so nothing waits out the quarantine that follows a Redis
+	// without state. With several data planes this would hide a Redis
+	// state loss from the others; leave it off.
+	SoleDataPlane bool
 	// Logger (nil: discard).
 	Logger *slog.Logger
 }
@@ -184,9 +191,10 @@ type DataPlane struct {
 	proxy *apiproxy.Handler
 	// rdb is the limits store; alerts publishes budget alerts; fleet
 	// counts the region's live data planes (local rpm/tpm fallback).
-	rdb      redis.UniversalClient
-	alerts   *alertPublisher
-	fleetSub *nats.Subscription
+	rdb       redis.UniversalClient
+	alerts    *alertPublisher
+	fleetSub  *nats.Subscription
+	bootstrap func(orgs, deployments []string)
 }
 
 // New validates cfg, connects to NATS (retrying in the background if it
@@ -241,10 +249,15 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		return nil, err
 	}
 	d.rdb = rdb
+	d.bootstrap = bootstrapEpochs(lim, log)
+	var beforeFirst func(*catalog.Catalog)
+	if cfg.SoleDataPlane {
+		beforeFirst = d.bootstrapAll
+	}
 	d.sync, err = configsync.New(configsync.Config{
 		Region: cfg.Region, InstanceID: cfg.InstanceID, MaxStaleness: cfg.MaxStaleness,
 		HeartbeatInterval: cfg.HeartbeatInterval, InFlight: d.inFlight.Load, Logger: log, Open: credentialOpener(cfg.KEK, log),
-		OnCreate: bootstrapEpochs(lim, log),
+		OnCreate: d.bootstrap, BeforeFirst: beforeFirst,
 	}, nc)
 	if err != nil {
 		d.closeClients()
@@ -330,6 +343,18 @@ func keyVersion(ct []byte) string {
 
 // Addr returns the bound HTTP address.
 func (d *DataPlane) Addr() string { return d.ln.Addr().String() }
+
+// bootstrapAll bootstraps the limits epochs of every org and deployment of
+// the first catalog, before it serves (Config.SoleDataPlane).
+func (d *DataPlane) bootstrapAll(cat *catalog.Catalog) {
+	var deps []string
+	for _, dep := range cat.AllDeployments() {
+		deps = append(deps, dep.GetId())
+	}
+	orgs := cat.OrgIDs()
+	d.bootstrap(orgs, deps)
+	d.log.Info("limits epochs bootstrapped (sole data plane)", "orgs", len(orgs), "deployments", len(deps))
+}
 
 func (d *DataPlane) closeClients() {
 	if d.rdb != nil {

@@ -73,3 +73,45 @@ func TestLocalRateFallbackSharesTheLimit(t *testing.T) {
 		require.Equal(t, apiproxy.CodeLimitsUnavailable, e.Error.Code)
 	}
 }
+
+// TestSoleDataPlaneSkipsStartupQuarantine: on a Redis without state, a
+// fleet's data planes quarantine concurrency-limited scopes (503
+// limits_recovering) until live requests could re-assert their leases; a
+// data plane declared the only one (sluice dev) bootstraps every epoch of
+// its first snapshot and serves at once.
+func TestSoleDataPlaneSkipsStartupQuarantine(t *testing.T) {
+	t.Parallel()
+	d := startDist(t)
+	ctx := context.Background()
+	up := settingsUpstream(t)
+	m := d.modelClient()
+	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "m"}))
+	require.NoError(t, err)
+	_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "m", ApiBase: up,
+		UpstreamModel: "up", Weight: 1, MaxConcurrency: 4, Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 1e-6}}))
+	require.NoError(t, err)
+	ten := d.mkTenant("sole")
+	par := int64(2)
+	_, err = d.clients().Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: &adminv1.Key{Id: ten.KeyID,
+		Limits: &adminv1.Limits{MaxParallelRequests: &par}}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"limits"}}}))
+	require.NoError(t, err)
+	for _, sole := range []bool{false, true} {
+		cleanRedisPrefix(t, d.redisURL, d.redisPrefix) // Redis without state
+		p := d.startProxy("default", time.Minute, func(c *Config) { c.SoleDataPlane = sole })
+		require.Eventually(t, func() bool {
+			pr, err := p.dp.sync.Catalog().Authenticate(testPeppers(t), ten.Token, time.Now())
+			return err == nil && pr.Key.GetLimits().GetMaxParallelRequests() == par && len(p.dp.sync.Catalog().Deployments("m")) == 1
+		}, 10*time.Second, 10*time.Millisecond)
+		var e openAIError
+		if sole {
+			// The epochs were bootstrapped before the data plane was ready.
+			e = settingsPost(t, p, ten.Token, "", settingsBody)
+			require.Equal(t, http.StatusOK, e.status, "sole data plane: %s %s", e.Error.Code, e.Error.Message)
+		} else {
+			e = settingsPost(t, p, ten.Token, "", settingsBody)
+			require.Equal(t, http.StatusServiceUnavailable, e.status)
+			require.Equal(t, apiproxy.CodeLimitsRecovering, e.Error.Code)
+		}
+		p.cancel()
+	}
+}

@@ -99,6 +99,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	dp, err := dataplane.New(ctx, dataplane.Config{
 		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
 		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log, RedisURL: *redisURL, RedisKeyPrefix: "sluice-dev:",
+		SoleDataPlane: true, // the only data plane of the dev fleet
 	})
 	if err != nil {
 		cancel()

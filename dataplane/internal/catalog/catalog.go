@@ -482,6 +482,15 @@ func (c *Catalog) Customer(orgID, externalID string) *configv1.Customer {
 	return c.byExternal[customerKey{orgID, externalID}]
 }
 
+// OrgIDs returns the ids of every org.
+func (c *Catalog) OrgIDs() []string {
+	out := make([]string, 0, len(c.orgs))
+	for id := range c.orgs {
+		out = append(out, id)
+	}
+	return out
+}
+
 // HasOrg reports whether the catalog holds the org.
 func (c *Catalog) HasOrg(id string) bool { return c.orgs[id] != nil }
 

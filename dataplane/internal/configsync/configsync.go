@@ -54,6 +54,9 @@ type Config struct {
 	// event creates (absent from the catalog before it), before the
 	// catalog that holds them is published. It must return quickly.
 	OnCreate func(orgs, deployments []string)
+	// BeforeFirst, when set, is called with the first catalog before it is
+	// published (before the data plane is ready).
+	BeforeFirst func(*catalog.Catalog)
 }
 
 // Stats are counters for metrics.
@@ -312,6 +315,9 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 		if next, err = s.catchUp(ctx, next, cur.RegionSeq); err != nil {
 			return false, err
 		}
+	}
+	if cur == nil && s.cfg.BeforeFirst != nil {
+		s.cfg.BeforeFirst(next)
 	}
 	s.writeMu.Lock()
 	s.gen++
