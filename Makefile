@@ -10,7 +10,7 @@ TOOLS_DIR ?= $(HOME)/.cache/sluice-tools/$(BUF_VERSION)-$(SQLC_VERSION)-$(PROTOC
 TOOLS_BIN := $(TOOLS_DIR)/bin
 TEST_TIMEOUT ?= 15m
 
-.PHONY: all generate tools services test test-short dev build lint bench bench-distribution bench-limits fmt
+.PHONY: all generate tools services test test-short dev build lint bench bench-distribution bench-limits bench-limits-split fmt
 
 all: build
 
@@ -75,3 +75,9 @@ bench-proxy: services
 ## rounds, medians.
 bench-limits: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/
+
+## bench-limits-split: the same with redis-server pinned to CPU 1 and everything else (data plane, load client,
+## upstream, NATS, control plane) to CPU 0, so Redis stands in for another machine instead of taking the data
+## plane's CPU.
+bench-limits-split: services
+	SLUICE_BENCH_REDIS_CPU=1 SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} taskset -c 0 $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/

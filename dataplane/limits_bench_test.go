@@ -82,8 +82,14 @@ func llStartRedis(tb testing.TB) *llRedis {
 	tb.Helper()
 	dir := tb.TempDir()
 	port := freePort(tb)
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log"))
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--dir", dir, "--logfile", filepath.Join(dir, "redis.log")}
+	cmd := exec.Command("redis-server", args...)
+	if cpu := os.Getenv("SLUICE_BENCH_REDIS_CPU"); cpu != "" {
+		// Redis on a core of its own, standing in for another machine
+		// (make bench-limits-split runs the benchmark process on the other).
+		cmd = exec.Command("taskset", append([]string{"-c", cpu, "redis-server"}, args...)...)
+	}
 	require.NoError(tb, cmd.Start(), "redis-server must be on PATH")
 	tb.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	r := &llRedis{addr: fmt.Sprintf("127.0.0.1:%d", port), cmd: cmd}

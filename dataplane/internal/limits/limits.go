@@ -582,6 +582,15 @@ func (l *Limiter) Settle(ctx context.Context, lease *Lease, actualTokens, actual
 
 // settle runs settle.lua regardless of the in-process settled flag.
 func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
+	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, actualTokens, actualCostMicros))
+	if err != nil {
+		return SettleResult{}, err
+	}
+	return settleResult(lease, vals)
+}
+
+// settleArgs builds settle.lua's ARGV.
+func (l *Limiter) settleArgs(lease *Lease, actualTokens, actualCostMicros int64) []any {
 	th := l.cfg.AlertThresholds
 	args := make([]any, 0, 8+len(th)+8*len(lease.scopes))
 	args = append(args, lease.requestID, max(actualTokens, 0), max(actualCostMicros, 0),
@@ -593,10 +602,11 @@ func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actual
 		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
 		args = appendBudgetArgs(args, s.Budget, true)
 	}
-	vals, err := l.run(ctx, settleScript, "settle", lease.keys, args)
-	if err != nil {
-		return SettleResult{}, err
-	}
+	return args
+}
+
+// settleResult maps settle.lua's result (see its header).
+func settleResult(lease *Lease, vals []int64) (SettleResult, error) {
 	if len(vals) < 2 || (len(vals)-2)%3 != 0 {
 		return SettleResult{}, fmt.Errorf("%w: settle returned %d values", ErrUnavailable, len(vals))
 	}
@@ -613,6 +623,81 @@ func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actual
 		})
 	}
 	return res, nil
+}
+
+// SettleItem is one settlement of a batch.
+type SettleItem struct {
+	Lease              *Lease
+	Tokens, CostMicros int64
+}
+
+// SettleBatch settles several requests in one pipelined round trip (one
+// EVALSHA each, as Settle; it is the same script). Results and errors are
+// per item; an item that failed can be retried with Settle. Scripts
+// missing from Redis (after a restart or SCRIPT FLUSH) fall back to Settle,
+// which loads them.
+func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]SettleResult, []error) {
+	res := make([]SettleResult, len(items))
+	errs := make([]error, len(items))
+	pl, ok := l.cfg.Client.(interface{ Pipeline() redis.Pipeliner })
+	if !ok || len(items) == 1 {
+		for i, it := range items {
+			res[i], errs[i] = l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
+		}
+		return res, errs
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+	defer cancel()
+	pipe := pl.Pipeline()
+	cmds := make([]*redis.Cmd, len(items))
+	for i, it := range items {
+		switch {
+		case it.Lease.settled.Load():
+		case !it.Lease.needs:
+			it.Lease.settled.Store(true)
+			res[i] = SettleResult{Applied: true}
+		default:
+			cmds[i] = settleScript.EvalSha(cctx, pipe, it.Lease.keys, l.settleArgs(it.Lease, it.Tokens, it.CostMicros)...)
+		}
+	}
+	_, _ = pipe.Exec(cctx)
+	for i, c := range cmds {
+		if c == nil {
+			continue
+		}
+		it := items[i]
+		raw, err := c.Slice()
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			res[i], errs[i] = l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
+			continue
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
+			continue
+		}
+		vals, err := int64s(raw)
+		if err == nil {
+			res[i], err = settleResult(it.Lease, vals)
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
+			continue
+		}
+		it.Lease.settled.Store(true)
+	}
+	return res, errs
+}
+
+func int64s(raw []any) ([]int64, error) {
+	out := make([]int64, len(raw))
+	for i, x := range raw {
+		n, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("result %d is %T", i, x)
+		}
+		out[i] = n
+	}
+	return out, nil
 }
 
 // appendBudgetArgs appends a scope's budget ARGV for renew.lua (unit, n,
@@ -647,13 +732,9 @@ func (l *Limiter) run(ctx context.Context, s *redis.Script, op string, keys []st
 	if err != nil {
 		return nil, fmt.Errorf("limits %s: %w: %w", op, ErrUnavailable, err)
 	}
-	out := make([]int64, len(raw))
-	for i, x := range raw {
-		n, ok := x.(int64)
-		if !ok {
-			return nil, fmt.Errorf("limits %s: %w: result %d is %T", op, ErrUnavailable, i, x)
-		}
-		out[i] = n
+	out, err := int64s(raw)
+	if err != nil {
+		return nil, fmt.Errorf("limits %s: %w: %w", op, ErrUnavailable, err)
 	}
 	return out, nil
 }

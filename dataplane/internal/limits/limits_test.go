@@ -687,3 +687,43 @@ func TestWindowBookkeepingUnderChurn(t *testing.T) {
 	require.True(t, d.Allowed)
 	require.Equal(t, int64(1), b.state(t, s).Requests)
 }
+
+func TestSettleBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	s := Scope{Kind: KindTeam, ID: "t", TPM: 10_000, MaxParallel: 100, Budget: &Budget{CapMicros: 1e9, Window: "1d"}}
+	rpmOnly := Scope{Kind: KindKey, ID: "k", RPM: 1000}
+	var items []SettleItem
+	for i := range 20 {
+		d := b.admit(t, b.req(fmt.Sprint("r", i), 50, 1000, s))
+		require.True(t, d.Allowed)
+		items = append(items, SettleItem{Lease: d.Lease, Tokens: 10, CostMicros: 100})
+	}
+	d := b.admit(t, b.req("rpm-only", 0, 0, rpmOnly))
+	items = append(items, SettleItem{Lease: d.Lease})
+	require.Equal(t, scopeState{Tokens: 1000, Leases: 20, Spend: 20_000}, b.state(t, s))
+	// Pipelined: the first ten.
+	res, errs := b.lim.SettleBatch(ctx, items[:10])
+	for i := range 10 {
+		require.NoError(t, errs[i])
+		require.True(t, res[i].Applied, "item %d", i)
+	}
+	require.Equal(t, scopeState{Tokens: 600, Leases: 10, Spend: 11_000}, b.state(t, s))
+	// Scripts missing from Redis (restart, SCRIPT FLUSH) fall back to
+	// loading them.
+	require.NoError(t, b.rdb.ScriptFlush(ctx).Err())
+	res, errs = b.lim.SettleBatch(ctx, items[10:])
+	for i := range items[10:] {
+		require.NoError(t, errs[i])
+		require.True(t, res[i].Applied, "item %d", 10+i)
+	}
+	require.Equal(t, scopeState{Tokens: 200, Spend: 2000}, b.state(t, s))
+	// Settled once: a second batch is a no-op.
+	res, errs = b.lim.SettleBatch(ctx, items)
+	for i := range items {
+		require.NoError(t, errs[i])
+		require.False(t, res[i].Applied)
+	}
+	require.Equal(t, scopeState{Tokens: 200, Spend: 2000}, b.state(t, s))
+}

@@ -473,35 +473,111 @@ func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta al
 func (h *Handler) settleAsyncDone(l *limits.Lease, tokens, costMicros int64, meta alertMeta, done func()) {
 	h.pending.Add(1)
 	h.m.pendingSettles.Inc()
-	go func() {
-		defer h.pending.Done()
-		defer h.m.pendingSettles.Dec()
-		if done != nil {
-			defer done()
+	j := settleJob{item: limits.SettleItem{Lease: l, Tokens: tokens, CostMicros: costMicros}, meta: meta, done: done}
+	select {
+	case h.settleQ <- j:
+		if h.settling.CompareAndSwap(false, true) {
+			go h.settleWorker()
 		}
-		deadline := time.Now().Add(settleGiveUp)
-		backoff := 20 * time.Millisecond
-		for {
-			res, err := h.cfg.Limiter.Settle(context.Background(), l, tokens, costMicros)
-			if err == nil {
-				if res.WithoutRecord {
-					h.m.settlesWithoutRecord.Inc()
-				}
-				for _, a := range res.Alerts {
-					h.alert(a, meta)
-				}
-				return
+	default:
+		go h.settleRetry(j, nil)
+	}
+}
+
+// settleJob is one queued settlement.
+type settleJob struct {
+	item limits.SettleItem
+	meta alertMeta
+	done func()
+}
+
+// Settlements are queued and settled by one worker in pipelined batches
+// (one round trip for many requests; the worker exits when the queue is
+// empty). A failed one is retried on its own with backoff.
+const (
+	settleQueueLen = 8192
+	maxSettleBatch = 64
+)
+
+func (h *Handler) settleWorker() {
+	batch := make([]settleJob, 0, maxSettleBatch)
+	items := make([]limits.SettleItem, 0, maxSettleBatch)
+	for {
+		batch, items = batch[:0], items[:0]
+	collect:
+		for len(batch) < maxSettleBatch {
+			select {
+			case j := <-h.settleQ:
+				batch = append(batch, j)
+				items = append(items, j.item)
+			default:
+				break collect
 			}
-			h.m.limitsUnavailable.WithLabelValues("settle").Inc()
-			if time.Now().After(deadline) {
-				h.m.settleFailures.Inc()
-				h.log.Error("giving up settling a request's limits", "request_id", l.RequestID(), "error", err)
-				return
-			}
-			time.Sleep(backoff)
-			backoff = min(backoff*2, 2*time.Second)
 		}
-	}()
+		if len(batch) == 0 {
+			h.settling.Store(false)
+			// A job queued after the last receive and before the flag
+			// was cleared found the worker running: take it over.
+			if len(h.settleQ) > 0 && h.settling.CompareAndSwap(false, true) {
+				continue
+			}
+			return
+		}
+		res, errs := h.cfg.Limiter.SettleBatch(context.Background(), items)
+		for i, j := range batch {
+			if errs[i] != nil {
+				h.m.limitsUnavailable.WithLabelValues("settle").Inc()
+				go h.settleRetry(j, errs[i])
+				continue
+			}
+			h.settled(j, res[i])
+		}
+	}
+}
+
+// settled finishes a settlement: its alerts, metrics and waiters.
+func (h *Handler) settled(j settleJob, res limits.SettleResult) {
+	if res.WithoutRecord {
+		h.m.settlesWithoutRecord.Inc()
+	}
+	for _, a := range res.Alerts {
+		h.alert(a, j.meta)
+	}
+	h.finishJob(j)
+}
+
+func (h *Handler) finishJob(j settleJob) {
+	if j.done != nil {
+		j.done()
+	}
+	h.m.pendingSettles.Dec()
+	h.pending.Done()
+}
+
+// settleRetry settles j on its own, retrying with backoff for up to
+// settleGiveUp (lastErr: the failure that sent it here, if any).
+func (h *Handler) settleRetry(j settleJob, lastErr error) {
+	deadline := time.Now().Add(settleGiveUp)
+	backoff := 20 * time.Millisecond
+	if lastErr != nil {
+		time.Sleep(backoff)
+	}
+	for {
+		res, err := h.cfg.Limiter.Settle(context.Background(), j.item.Lease, j.item.Tokens, j.item.CostMicros)
+		if err == nil {
+			h.settled(j, res)
+			return
+		}
+		h.m.limitsUnavailable.WithLabelValues("settle").Inc()
+		if time.Now().After(deadline) {
+			h.m.settleFailures.Inc()
+			h.log.Error("giving up settling a request's limits", "request_id", j.item.Lease.RequestID(), "error", err)
+			h.finishJob(j)
+			return
+		}
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 2*time.Second)
+	}
 }
 
 // maxPendingCancels bounds the settlements queued to cancel admissions

@@ -160,6 +160,9 @@ type Handler struct {
 	// pendingCancels those cancelling timed-out admissions.
 	pending        sync.WaitGroup
 	pendingCancels atomic.Int64
+	// settleQ feeds the settlement worker; settling is set while it runs.
+	settleQ  chan settleJob
+	settling atomic.Bool
 }
 
 // New validates cfg and registers the metrics.
@@ -189,7 +192,8 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = DefaultRequestTimeout
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries, defaultMaxOut: cfg.DefaultMaxOutputTokens}
+	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries, defaultMaxOut: cfg.DefaultMaxOutputTokens,
+		settleQ: make(chan settleJob, settleQueueLen)}
 	if h.defaultMaxOut == 0 {
 		h.defaultMaxOut = DefaultMaxOutputTokens
 	}
