@@ -646,7 +646,9 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		}
 		return res, errs
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
+	// Settlements are off the request path: a batch gets one call timeout
+	// per 16 items, so a busy Redis does not fail a large batch whole.
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(items)/16))
 	defer cancel()
 	pipe := pl.Pipeline()
 	cmds := make([]*redis.Cmd, len(items))
