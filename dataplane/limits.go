@@ -46,7 +46,7 @@ func newRedis(url string, clusterAddrs []string) (redis.UniversalClient, error) 
 	if len(clusterAddrs) > 0 {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: clusterAddrs, ContextTimeoutEnabled: true, DialTimeout: 250 * time.Millisecond,
-			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1, DialerRetries: 1,
+			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1, DialerRetries: 1, Protocol: 2,
 		}), nil
 	}
 	opt, err := redis.ParseURL(url)
@@ -63,6 +63,9 @@ func newRedis(url string, clusterAddrs []string) (redis.UniversalClient, error) 
 	// One dial per call: a refused connection fails the call at once
 	// instead of spending its deadline on dial retries.
 	opt.DialerRetries = 1
+	// RESP2: the scripts return integer arrays; RESP3 would only add a
+	// push-notification check to every call.
+	opt.Protocol = 2
 	return redis.NewClient(opt), nil
 }
 
