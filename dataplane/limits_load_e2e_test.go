@@ -718,7 +718,7 @@ func TestLimitsBudgetUnderConcurrency(t *testing.T) {
 				bad = append(bad, "no x-should-retry: false: "+string(a.body))
 			case a.hdr.Get(apiproxy.HeaderLimitScope) != "team:"+ten.TeamID || a.hdr.Get(apiproxy.HeaderLimitType) != "budget":
 				bad = append(bad, fmt.Sprintf("scope %q type %q", a.hdr.Get(apiproxy.HeaderLimitScope), a.hdr.Get(apiproxy.HeaderLimitType)))
-			case e.Error.Type != apiproxy.TypeInsufficientQuota || !strings.Contains(e.Error.Message, "team "+ten.TeamID):
+			case e.Error.Type != apiproxy.TypeBudgetExceeded || !strings.Contains(e.Error.Message, "team "+ten.TeamID):
 				bad = append(bad, "error body does not name the team: "+string(a.body))
 			case a.hdr.Get("Retry-After") == "":
 				bad = append(bad, "no retry-after")

@@ -31,8 +31,6 @@ const (
 	TypeRateLimit = "rate_limit_error"
 	// TypeBudgetExceeded is the type of a budget rejection (SPEC §8.3).
 	TypeBudgetExceeded = "budget_exceeded"
-	// TypeInsufficientQuota is TypeBudgetExceeded (old name, for tests in flight).
-	TypeInsufficientQuota = TypeBudgetExceeded
 
 	CodeRateLimitExceeded        = "rate_limit_exceeded"
 	CodeTokenRateLimitExceeded   = "token_rate_limit_exceeded"
