@@ -59,13 +59,13 @@ for i = 1, n do
   }
   st[i] = s
   if s.rpm > 0 then
-    s.rtotal, s.rold = win_load(scope_key(i, 1), cur, nb)
+    s.rtotal, s.rold, s.rcur = win_load(scope_key(i, 1), cur, nb)
     if not rej and s.rtotal + 1 > s.rpm then
       rej = { i, 1, win_wait(scope_key(i, 1), s.rold, cur, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
     end
   end
   if s.tpm > 0 then
-    s.ttotal, s.told = win_load(scope_key(i, 2), cur, nb)
+    s.ttotal, s.told, s.tcur = win_load(scope_key(i, 2), cur, nb)
     if not rej and s.ttotal + est > s.tpm then
       rej = { i, 2, win_wait(scope_key(i, 2), s.told, cur, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
     end
@@ -102,12 +102,12 @@ if not rej then
   for i = 1, n do
     local s = st[i]
     if s.rpm > 0 then
-      win_add(scope_key(i, 1), cur, 1, window_ms + 2 * bms)
+      win_add_loaded(scope_key(i, 1), cur, 1, window_ms + 2 * bms, s.rtotal, s.rold, s.rcur)
       s.rtotal = s.rtotal + 1
       if s.rold == nil then s.rold = cur end
     end
     if s.tpm > 0 then
-      win_add(scope_key(i, 2), cur, est, window_ms + 2 * bms)
+      win_add_loaded(scope_key(i, 2), cur, est, window_ms + 2 * bms, s.ttotal, s.told, s.tcur)
       s.ttotal = s.ttotal + est
       if s.told == nil and est > 0 then s.told = cur end
     end

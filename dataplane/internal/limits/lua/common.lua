@@ -105,9 +105,9 @@ end
 -- win_rebuild recomputes 't' and 'o' from the whole hash, deleting the
 -- buckets below lo (after a long idle gap, or for a hash written before the
 -- bookkeeping fields existed). Returns the total and the oldest bucket.
-local function win_rebuild(key, lo)
+local function win_rebuild(key, lo, cur)
   local raw = redis.call('HGETALL', key)
-  local total, oldest, stale = 0, nil, {}
+  local total, oldest, stale, curv = 0, nil, {}, 0
   for j = 1, #raw, 2 do
     local f = raw[j]
     if f ~= 't' and f ~= 'o' then
@@ -117,33 +117,36 @@ local function win_rebuild(key, lo)
       else
         total = total + c
         if oldest == nil or b < oldest then oldest = b end
+        if b == cur then curv = c end
       end
     end
   end
   if oldest == nil then
     redis.call('DEL', key)
-    return 0, nil
+    return 0, nil, 0
   end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
   redis.call('HSET', key, 't', total, 'o', oldest)
-  return total, oldest
+  return total, oldest, curv
 end
 
--- win_load prunes the buckets that left the window and returns the total
--- and the oldest live bucket (nil when the window is empty). One HMGET in
+-- win_load prunes the buckets that left the window and returns the total,
+-- the oldest live bucket (nil when the window is empty) and the amount in
+-- bucket cur; the hash's 't' then equals the total returned. One HMGET in
 -- the steady state; pruning (at most once per bucket) also moves 'o' to the
 -- oldest remaining bucket. Between prunings 'o' may name a bucket a
 -- refund removed, so the oldest bucket returned is then slightly early.
 local function win_load(key, cur, nb)
   local lo = cur - nb
-  local v = redis.call('HMGET', key, 't', 'o')
+  local v = redis.call('HMGET', key, 't', 'o', cur)
   if not v[1] or not v[2] then
-    if redis.call('EXISTS', key) == 1 then return win_rebuild(key, lo) end
-    return 0, nil
+    if redis.call('EXISTS', key) == 1 then return win_rebuild(key, lo, cur) end
+    return 0, nil, 0
   end
   local total, o = tonumber(v[1]), tonumber(v[2])
+  local curv = tonumber(v[3]) or 0
   if o < lo then
-    if lo - o > nb + 1 then return win_rebuild(key, lo) end
+    if lo - o > nb + 1 then return win_rebuild(key, lo, cur) end
     local fields = {}
     for b = o, lo - 1 do fields[#fields + 1] = b end
     local vals = redis.call('HMGET', key, unpack(fields))
@@ -157,7 +160,7 @@ local function win_load(key, cur, nb)
     if #del > 0 then redis.call('HDEL', key, unpack(del)) end
     if total <= 0 then
       redis.call('DEL', key)
-      return 0, nil
+      return 0, nil, 0
     end
     o = lo
     while o < cur and redis.call('HEXISTS', key, o) == 0 do o = o + 1 end
@@ -165,9 +168,21 @@ local function win_load(key, cur, nb)
   end
   if total <= 0 then
     redis.call('DEL', key)
-    return 0, nil
+    return 0, nil, 0
   end
-  return total, o
+  return total, o, curv
+end
+
+-- win_add_loaded adds amount (> 0) to bucket cur of a window just read by
+-- win_load (total, oldest, curv as it returned them): one HSET.
+local function win_add_loaded(key, cur, amount, ttl_ms, total, oldest, curv)
+  if amount <= 0 then return end
+  if oldest == nil or cur < oldest then
+    redis.call('HSET', key, cur, curv + amount, 't', total + amount, 'o', cur)
+  else
+    redis.call('HSET', key, cur, curv + amount, 't', total + amount)
+  end
+  if curv == 0 then redis.call('PEXPIRE', key, ttl_ms) end
 end
 
 -- win_wait returns the milliseconds until a window holding total (oldest
