@@ -582,17 +582,18 @@ func (l *Limiter) Settle(ctx context.Context, lease *Lease, actualTokens, actual
 
 // settle runs settle.lua regardless of the in-process settled flag.
 func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
-	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, actualTokens, actualCostMicros))
+	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, actualTokens, actualCostMicros, false))
 	if err != nil {
 		return SettleResult{}, err
 	}
 	return settleResult(lease, vals)
 }
 
-// settleArgs builds settle.lua's ARGV.
-func (l *Limiter) settleArgs(lease *Lease, actualTokens, actualCostMicros int64) []any {
+// settleArgs builds settle.lua's ARGV; cancel gives the admission's
+// request back to the rpm windows.
+func (l *Limiter) settleArgs(lease *Lease, actualTokens, actualCostMicros int64, cancel bool) []any {
 	th := l.cfg.AlertThresholds
-	args := make([]any, 0, 8+len(th)+8*len(lease.scopes))
+	args := make([]any, 0, 8+len(th)+9*len(lease.scopes))
 	args = append(args, lease.requestID, max(actualTokens, 0), max(actualCostMicros, 0),
 		ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), ms(tombstoneTTL), len(lease.scopes), len(th))
 	for _, p := range th {
@@ -601,6 +602,7 @@ func (l *Limiter) settleArgs(lease *Lease, actualTokens, actualCostMicros int64)
 	for _, s := range lease.scopes {
 		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
 		args = appendBudgetArgs(args, s.Budget, true)
+		args = append(args, boolArg(cancel && s.RPM > 0))
 	}
 	return args
 }
@@ -625,10 +627,27 @@ func settleResult(lease *Lease, vals []int64) (SettleResult, error) {
 	return res, nil
 }
 
-// SettleItem is one settlement of a batch.
+// SettleItem is one settlement of a batch. Cancel settles an admission
+// whose call failed (see Cancel).
 type SettleItem struct {
 	Lease              *Lease
 	Tokens, CostMicros int64
+	Cancel             bool
+}
+
+// Cancel settles, with zero usage, an admission whose call returned an
+// error but may still run in Redis (MayHaveRun): whichever comes first,
+// the admission ends up consuming nothing, its rpm unit included.
+func (l *Limiter) Cancel(ctx context.Context, lease *Lease) (SettleResult, error) {
+	if lease.settled.Load() {
+		return SettleResult{}, nil
+	}
+	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, 0, 0, true))
+	if err != nil {
+		return SettleResult{}, err
+	}
+	lease.settled.Store(true)
+	return settleResult(lease, vals)
 }
 
 // SettleBatch settles several requests in one pipelined round trip (one
@@ -642,7 +661,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	pl, ok := l.cfg.Client.(interface{ Pipeline() redis.Pipeliner })
 	if !ok || len(items) == 1 {
 		for i, it := range items {
-			res[i], errs[i] = l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
+			res[i], errs[i] = l.SettleOne(ctx, it)
 		}
 		return res, errs
 	}
@@ -659,7 +678,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 			it.Lease.settled.Store(true)
 			res[i] = SettleResult{Applied: true}
 		default:
-			cmds[i] = settleScript.EvalSha(cctx, pipe, it.Lease.keys, l.settleArgs(it.Lease, it.Tokens, it.CostMicros)...)
+			cmds[i] = settleScript.EvalSha(cctx, pipe, it.Lease.keys, l.settleArgs(it.Lease, it.Tokens, it.CostMicros, it.Cancel)...)
 		}
 	}
 	_, _ = pipe.Exec(cctx)
@@ -670,7 +689,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		it := items[i]
 		raw, err := c.Slice()
 		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res[i], errs[i] = l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
+			res[i], errs[i] = l.SettleOne(ctx, it)
 			continue
 		}
 		if err != nil {
@@ -688,6 +707,14 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		it.Lease.settled.Store(true)
 	}
 	return res, errs
+}
+
+// SettleOne settles one item on its own (Settle or Cancel).
+func (l *Limiter) SettleOne(ctx context.Context, it SettleItem) (SettleResult, error) {
+	if it.Cancel {
+		return l.Cancel(ctx, it.Lease)
+	}
+	return l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
 }
 
 func int64s(raw []any) ([]int64, error) {

@@ -727,3 +727,44 @@ func TestSettleBatch(t *testing.T) {
 	}
 	require.Equal(t, scopeState{Tokens: 200, Spend: 2000}, b.state(t, s))
 }
+
+// TestCancelUndoesALateAdmission: an admission whose call failed (the
+// caller answered 503) but ran in Redis anyway is cancelled: whichever of
+// the two runs first, nothing stays consumed, its rpm unit included.
+func TestCancelUndoesALateAdmission(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	s := Scope{Kind: KindKey, ID: "k", RPM: 10, TPM: 1000, MaxParallel: 5, Budget: &Budget{CapMicros: 1e6, Window: "1d"}}
+
+	// The admission ran (late), then the cancellation.
+	d := b.admit(t, b.req("late", 100, 500, s))
+	require.True(t, d.Allowed)
+	require.Equal(t, scopeState{Requests: 1, Tokens: 100, Leases: 1, Spend: 500}, b.state(t, s))
+	res, err := b.lim.Cancel(ctx, d.Lease)
+	require.NoError(t, err)
+	require.True(t, res.Applied)
+	require.Equal(t, scopeState{}, b.state(t, s), "nothing stays consumed")
+
+	// The cancellation first (on a lease whose call never answered), then
+	// the late admission: refused as a duplicate, consuming nothing.
+	d2 := b.admit(t, b.req("other", 100, 500, s)) // a lease for the same scopes
+	lease := &Lease{orgID: b.org, requestID: "early", keys: newKeyBuilder(b.prefix, b.org).callKeys("early", []Scope{s}),
+		scopes: []Scope{s}, est: 100, reserved: 500, needs: true}
+	_, err = b.lim.Cancel(ctx, lease)
+	require.NoError(t, err)
+	_, err = b.lim.Admit(ctx, b.req("early", 100, 500, s))
+	require.ErrorIs(t, err, ErrDuplicateRequest)
+	require.Equal(t, scopeState{Requests: 1, Tokens: 100, Leases: 1, Spend: 500}, b.state(t, s), "only the other request")
+	_, err = b.lim.Settle(ctx, d2.Lease, 0, 0)
+	require.NoError(t, err)
+
+	// Batched cancellations too.
+	d3 := b.admit(t, b.req("batched", 100, 500, s))
+	res2, errs := b.lim.SettleBatch(ctx, []SettleItem{{Lease: d3.Lease, Cancel: true}, {Lease: d3.Lease, Cancel: true}})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.True(t, res2[0].Applied)
+	require.False(t, res2[1].Applied, "settled once")
+	require.Equal(t, scopeState{Requests: 1}, b.state(t, s), "only the settled request's rpm unit")
+}

@@ -469,9 +469,13 @@ func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta al
 }
 
 func (h *Handler) settleAsyncDone(l *limits.Lease, tokens, costMicros int64, meta alertMeta, done func()) {
+	h.enqueueSettle(settleJob{item: limits.SettleItem{Lease: l, Tokens: tokens, CostMicros: costMicros}, meta: meta, done: done})
+}
+
+// enqueueSettle hands j to the settlement worker.
+func (h *Handler) enqueueSettle(j settleJob) {
 	h.pending.Add(1)
 	h.m.pendingSettles.Inc()
-	j := settleJob{item: limits.SettleItem{Lease: l, Tokens: tokens, CostMicros: costMicros}, meta: meta, done: done}
 	select {
 	case h.settleQ <- j:
 		if h.settling.CompareAndSwap(false, true) {
@@ -561,7 +565,7 @@ func (h *Handler) settleRetry(j settleJob, lastErr error) {
 		time.Sleep(backoff)
 	}
 	for {
-		res, err := h.cfg.Limiter.Settle(context.Background(), j.item.Lease, j.item.Tokens, j.item.CostMicros)
+		res, err := h.cfg.Limiter.SettleOne(context.Background(), j.item)
 		if err == nil {
 			h.settled(j, res)
 			return
@@ -598,7 +602,7 @@ func (h *Handler) cancelAdmission(l *limits.Lease, err error) {
 		h.m.settleFailures.Inc()
 		return
 	}
-	h.settleAsyncDone(l, 0, 0, alertMeta{}, func() { h.pendingCancels.Add(-1) })
+	h.enqueueSettle(settleJob{item: limits.SettleItem{Lease: l, Cancel: true}, done: func() { h.pendingCancels.Add(-1) }})
 }
 
 // releaseDeploymentLease releases the deployment lease of the current

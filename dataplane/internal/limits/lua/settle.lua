@@ -7,10 +7,12 @@
 --   4 rate window ms   5 bucket ms   6 tombstone TTL ms
 --   7 number of scopes n   8 number of alert thresholds m
 --   9 .. 8+m alert thresholds (percent of the cap)
---   then 8 values per scope i (base 8 + m + 8(i-1)):
+--   then 9 values per scope i (base 8 + m + 9(i-1)):
 --     has tpm (0/1), has parallel (0/1), budget unit ('-' = none),
 --     budget n, cap micro-USD (0 = none), soft budget micro-USD (0 = none),
---     seed micro-USD, seed window start (Unix s; 0 = current)
+--     seed micro-USD, seed window start (Unix s; 0 = current),
+--     refund rpm (0/1: the request was cancelled, its admission answered
+--     as failed; give its request back to the rpm window)
 -- Returns {state, epoch, alerts...}: state 0 = already settled (no-op),
 --   1 = settled against the admission record,
 --   2 = settled without a record (state lost or record expired): leases
@@ -50,7 +52,10 @@ for j = 1, m do markers[j] = 'a' .. ARGV[8 + j] end
 markers[m + 1] = 'soft'
 
 for i = 1, n do
-  local a = 8 + m + 8 * (i - 1)
+  local a = 8 + m + 9 * (i - 1)
+  if ARGV[a + 9] == '1' and has_rec and b >= cur - nb then
+    win_add(scope_key(i, 1), b, -1, window_ms + 2 * bms)
+  end
   if ARGV[a + 1] == '1' then
     local delta = tokens - est
     if b >= cur - nb then
