@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -21,7 +22,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
 	"github.com/sluicegw/sluice/dataplane/internal/configsync"
@@ -191,7 +191,7 @@ type DataPlane struct {
 	proxy *apiproxy.Handler
 	// rdb is the limits store; alerts publishes budget alerts; fleet
 	// counts the region's live data planes (local rpm/tpm fallback).
-	rdb       redis.UniversalClient
+	rdb       io.Closer
 	alerts    *alertPublisher
 	fleetSub  *nats.Subscription
 	bootstrap func(orgs, deployments []string)

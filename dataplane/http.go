@@ -19,6 +19,7 @@ import (
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
 	"github.com/sluicegw/sluice/dataplane/internal/configsync"
 	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/dataplane/internal/usage"
 )
 
@@ -191,5 +192,14 @@ func (d *DataPlane) registerMetrics() {
 	usageCounter("sluice_usage_spooled_total", "Usage events written to the spool (buffer full or shutdown).", func(s usage.Stats) int64 { return s.Spooled })
 	usageCounter("sluice_usage_replayed_total", "Spooled usage events published.", func(s usage.Stats) int64 { return s.Replayed })
 	usageCounter("sluice_usage_dropped_total", "Usage events lost: buffer full and spool unavailable (each logged).", func(s usage.Stats) int64 { return s.Dropped })
+	if pipe, ok := d.rdb.(*redispipe.Client); ok {
+		store := func(f func(redispipe.Stats) int64) func() int64 { return func() int64 { return f(pipe.Stats()) } }
+		counter("sluice_limits_store_commands_total", "Commands sent to the limits store (one Redis).", nil,
+			store(func(s redispipe.Stats) int64 { return s.Commands }))
+		counter("sluice_limits_store_writes_total", "Writes to the limits store; commands ÷ writes is how many commands share one (pipelining).", nil,
+			store(func(s redispipe.Stats) int64 { return s.Writes }))
+		counter("sluice_limits_store_connects_total", "Connections made to the limits store.", nil,
+			store(func(s redispipe.Stats) int64 { return s.Dials }))
+	}
 	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }

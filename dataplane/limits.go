@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
 	"github.com/sluicegw/sluice/proto/wire"
@@ -38,35 +40,35 @@ const (
 	DefaultMaxOutputTokens = apiproxy.DefaultMaxOutputTokens
 )
 
-// newRedis builds the limits store client: a Redis Cluster client when
-// clusterAddrs is set, else one from url. Every call carries its own
-// deadline (ContextTimeoutEnabled); dialing is bounded too, so an
-// unreachable Redis fails a call fast rather than stalling it.
-func newRedis(url string, clusterAddrs []string) (redis.UniversalClient, error) {
+// newLimitsStore returns the limits store configuration for a Limiter: a
+// Redis Cluster client (go-redis, which routes by slot) when clusterAddrs
+// is set, else the pipelining client of package redispipe on url (one
+// Redis; see that package for why the request path does not use go-redis
+// there). Every call carries its own deadline; dialing is bounded too, so
+// an unreachable Redis fails a call fast rather than stalling it.
+func newLimitsStore(url string, clusterAddrs []string) (limits.Config, io.Closer, error) {
 	if len(clusterAddrs) > 0 {
-		return redis.NewClusterClient(&redis.ClusterOptions{
+		rdb := redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: clusterAddrs, ContextTimeoutEnabled: true, DialTimeout: 250 * time.Millisecond,
+			// A call's own deadline bounds it; retries would only spend
+			// that budget on a dead connection, and one dial per call
+			// fails a refused connection at once. RESP2: the scripts
+			// return integer arrays; RESP3 would only add a
+			// push-notification check to every call.
 			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1, DialerRetries: 1, Protocol: 2,
-		}), nil
+		})
+		return limits.Config{Client: rdb}, rdb, nil
 	}
-	opt, err := redis.ParseURL(url)
+	opt, err := redispipe.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
+		return limits.Config{}, nil, err
 	}
-	opt.ContextTimeoutEnabled = true
 	opt.DialTimeout = 250 * time.Millisecond
-	opt.PoolSize = 256
-	opt.MinIdleConns = 4
-	// A call's own deadline (limits.Config.CallTimeout) bounds it; go-redis
-	// retries would only spend that budget on a dead connection.
-	opt.MaxRetries = -1
-	// One dial per call: a refused connection fails the call at once
-	// instead of spending its deadline on dial retries.
-	opt.DialerRetries = 1
-	// RESP2: the scripts return integer arrays; RESP3 would only add a
-	// push-notification check to every call.
-	opt.Protocol = 2
-	return redis.NewClient(opt), nil
+	pipe, err := redispipe.New(opt)
+	if err != nil {
+		return limits.Config{}, nil, fmt.Errorf("redis url: %w", err)
+	}
+	return limits.Config{Pipe: pipe}, pipe, nil
 }
 
 // alertPublisher publishes budget alerts to JetStream (wire.AlertStream)
@@ -193,13 +195,13 @@ func (f *fleetView) Live() int {
 }
 
 // limitsSetup builds the limiter (and its fallback) from cfg.
-func limitsSetup(cfg *Config) (*limits.Limiter, redis.UniversalClient, error) {
-	rdb, err := newRedis(cfg.RedisURL, cfg.RedisClusterAddrs)
+func limitsSetup(cfg *Config) (*limits.Limiter, io.Closer, error) {
+	lc, rdb, err := newLimitsStore(cfg.RedisURL, cfg.RedisClusterAddrs)
 	if err != nil {
 		return nil, nil, err
 	}
-	lim, err := limits.New(limits.Config{Client: rdb, KeyPrefix: cfg.RedisKeyPrefix, CallTimeout: cfg.LimitsCallTimeout,
-		LeaseTTL: cfg.LeaseTTL})
+	lc.KeyPrefix, lc.CallTimeout, lc.LeaseTTL = cfg.RedisKeyPrefix, cfg.LimitsCallTimeout, cfg.LeaseTTL
+	lim, err := limits.New(lc)
 	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, err
@@ -213,8 +215,8 @@ func validateLimits(c *Config) []error {
 		errs = append(errs, errors.New("a Redis URL (--redis-url) or cluster addresses (--redis-cluster) are required: limits fail closed without Redis"))
 	}
 	if c.RedisURL != "" && len(c.RedisClusterAddrs) == 0 {
-		if _, err := redis.ParseURL(c.RedisURL); err != nil {
-			errs = append(errs, fmt.Errorf("redis url: %w", err))
+		if _, err := redispipe.ParseURL(c.RedisURL); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if strings.ContainsAny(c.RedisKeyPrefix, "{}") {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -380,6 +381,7 @@ type llRig struct {
 	onArrival atomic.Pointer[func(*http.Request)]
 	// trickled counts the benchmark's background requests (llTrickle).
 	trickled atomic.Int64
+	profiled bool // SLUICE_BENCH_CPUPROFILE was written
 }
 
 // llOnLimits are the limits of the "on" key's levels: never reached by the benchmark, so
@@ -666,6 +668,9 @@ type llResult struct {
 	redisUsecPerCall float64
 	redisCPUPerReq   time.Duration
 	cpuPerReq        time.Duration // the benchmark process (proxy, client, upstream)
+	// cmdsPerWrite is how many commands shared one write to Redis at c=32
+	// (the data plane's pipelining; 0 when it sent none).
+	cmdsPerWrite float64
 	// unavailable counts 503 limits_unavailable answers (not in rps).
 	unavailable int64
 }
@@ -707,6 +712,17 @@ func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) ll
 	ctx, cancel := context.WithTimeout(context.Background(), llBenchLoad)
 	ev0, rcpu0, tr0 := rc.evalshaCalls(tb), procCPU(r.redis.cmd.Process.Pid), r.trickled.Load()
 	us0, sf0 := rc.evalshaUsec(tb), llMetric(tb, r.p, `sluice_proxy_limits_unavailable_total{op="settle"}`)
+	cmds0, writes0 := llMetric(tb, r.p, "sluice_limits_store_commands_total"), llMetric(tb, r.p, "sluice_limits_store_writes_total")
+	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=32 phase of the
+	// limited key (the data plane, client and upstream of this process).
+	var profiling bool
+	if path := os.Getenv("SLUICE_BENCH_CPUPROFILE"); path != "" && tok == r.on.Token && !r.profiled {
+		f, err := os.Create(path)
+		require.NoError(tb, err)
+		defer f.Close()
+		require.NoError(tb, pprof.StartCPUProfile(f))
+		profiling, r.profiled = true, true
+	}
 	cpu0, t0 := cpuTime(), time.Now()
 	var wg sync.WaitGroup
 	for range llBenchConcurrency {
@@ -726,6 +742,9 @@ func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) ll
 	wg.Wait()
 	cancel()
 	elapsed, cpu := time.Since(t0), cpuTime()-cpu0
+	if profiling {
+		pprof.StopCPUProfile()
+	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	require.NoError(tb, r.p.dp.proxy.Drain(dctx))
 	dcancel()
@@ -745,6 +764,9 @@ func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) ll
 	res.evalshaPerReq = float64(res.evalsha) / float64(n)
 	res.redisCPUPerReq = (procCPU(r.redis.cmd.Process.Pid) - rcpu0) / time.Duration(n)
 	res.unavailable = unavailable.Load()
+	if w := llMetric(tb, r.p, "sluice_limits_store_writes_total") - writes0; w > 0 {
+		res.cmdsPerWrite = float64(llMetric(tb, r.p, "sluice_limits_store_commands_total")-cmds0) / float64(w)
+	}
 	return res
 }
 
@@ -849,6 +871,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 			redisCPUPerReq:   d(func(x llResult) time.Duration { return x.redisCPUPerReq }),
 			cpuPerReq:        d(func(x llResult) time.Duration { return x.cpuPerReq }),
 			redisUsecPerCall: med(rs, func(x llResult) float64 { return x.redisUsecPerCall }),
+			cmdsPerWrite:     med(rs, func(x llResult) float64 { return x.cmdsPerWrite }),
 		}
 	}
 	fo, fn := fig(off), fig(on)
@@ -869,13 +892,13 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	fmt.Fprintf(&sb, "%d round(s), interleaved; medians; zero-latency upstream; NATS and control plane at nice %d; "+
 		"limited key's windows in steady state (%d live 1 s buckets before the rounds; a request every %s throughout, not counted)\n",
 		rounds*b.N, infraNice(), buckets, llTrickle)
-	fmt.Fprintf(&sb, "| limits | p50 (c=1) | p99 (c=1) | req/s (c=%d) | CPU/req (bench process) | EVALSHA/req | redis-server CPU/req | 503 limits_unavailable (all rounds) |\n|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
+	fmt.Fprintf(&sb, "| limits | p50 (c=1) | p99 (c=1) | req/s (c=%d) | CPU/req (bench process) | EVALSHA/req | commands per write | redis-server CPU/req | 503 limits_unavailable (all rounds) |\n|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
 	for _, x := range []struct {
 		name string
 		r    llResult
 	}{{"off", fo}, {"on", fn}} {
-		fmt.Fprintf(&sb, "| %s | %s | %s | %.0f | %s | %.3f | %s | %d |\n", x.name, us(x.r.p50), us(x.r.p99), x.r.rps, us(x.r.cpuPerReq),
-			x.r.evalshaPerReq, us(x.r.redisCPUPerReq), x.r.unavailable)
+		fmt.Fprintf(&sb, "| %s | %s | %s | %.0f | %s | %.3f | %.2f | %s | %d |\n", x.name, us(x.r.p50), us(x.r.p99), x.r.rps, us(x.r.cpuPerReq),
+			x.r.evalshaPerReq, x.r.cmdsPerWrite, us(x.r.redisCPUPerReq), x.r.unavailable)
 	}
 	verdict := "meets the target"
 	if ratio < 0.8 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/internal/budget"
 )
 
@@ -274,8 +275,12 @@ type BudgetAlert struct {
 
 // Config configures a Limiter. Zero durations take the defaults.
 type Config struct {
-	// Client is a *redis.Client, *redis.ClusterClient or other
-	// redis.Scripter. Clients built from redis.Options must set
+	// Pipe is the limits store of one Redis: the pipelining client of the
+	// request path (package redispipe). Exactly one of Pipe and Client is
+	// set.
+	Pipe *redispipe.Client
+	// Client is a *redis.ClusterClient (Redis Cluster), *redis.Client or
+	// other redis.Scripter. Clients built from go-redis options must set
 	// ContextTimeoutEnabled, or go-redis ignores the per-call deadline.
 	Client redis.Scripter
 	// KeyPrefix is prepended to every key (before the hash tag); it must not
@@ -298,14 +303,15 @@ type Config struct {
 
 // Limiter enforces limits in Redis. It is safe for concurrent use.
 type Limiter struct {
-	cfg Config
+	cfg   Config
+	store store
 }
 
 // New validates cfg, applies defaults and returns a Limiter.
 func New(cfg Config) (*Limiter, error) {
 	var errs []error
-	if cfg.Client == nil {
-		errs = append(errs, errors.New("limits: Client is required"))
+	if (cfg.Client == nil) == (cfg.Pipe == nil) {
+		errs = append(errs, errors.New("limits: exactly one of Pipe and Client is required"))
 	}
 	switch c := cfg.Client.(type) {
 	case *redis.Client:
@@ -353,7 +359,13 @@ func New(cfg Config) (*Limiter, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Limiter{cfg: cfg}, nil
+	l := &Limiter{cfg: cfg}
+	if cfg.Pipe != nil {
+		l.store = pipeStore{c: cfg.Pipe}
+	} else {
+		l.store = goRedisStore{c: cfg.Client}
+	}
+	return l, nil
 }
 
 // RenewInterval is how often a caller should Renew each live request.
@@ -371,11 +383,7 @@ func (l *Limiter) Bootstrap(ctx context.Context, orgID string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
 	defer cancel()
-	c, ok := l.cfg.Client.(redis.Cmdable)
-	if !ok {
-		return fmt.Errorf("%w: client cannot run SET", ErrUnavailable)
-	}
-	if err := c.SetNX(ctx, newKeyBuilder(l.cfg.KeyPrefix, orgID).epoch(), 0, 0).Err(); err != nil {
+	if err := l.store.setNX(ctx, newKeyBuilder(l.cfg.KeyPrefix, orgID).epoch(), 0); err != nil {
 		return fmt.Errorf("limits bootstrap: %w: %w", ErrUnavailable, err)
 	}
 	return nil
@@ -658,19 +666,8 @@ func (l *Limiter) Cancel(ctx context.Context, lease *Lease) (SettleResult, error
 func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]SettleResult, []error) {
 	res := make([]SettleResult, len(items))
 	errs := make([]error, len(items))
-	pl, ok := l.cfg.Client.(interface{ Pipeline() redis.Pipeliner })
-	if !ok || len(items) == 1 {
-		for i, it := range items {
-			res[i], errs[i] = l.SettleOne(ctx, it)
-		}
-		return res, errs
-	}
-	// Settlements are off the request path: a batch gets one call timeout
-	// per 16 items, so a busy Redis does not fail a large batch whole.
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(items)/16))
-	defer cancel()
-	pipe := pl.Pipeline()
-	cmds := make([]*redis.Cmd, len(items))
+	calls := make([]scriptCall, 0, len(items))
+	idx := make([]int, 0, len(items))
 	for i, it := range items {
 		switch {
 		case it.Lease.settled.Load():
@@ -678,27 +675,23 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 			it.Lease.settled.Store(true)
 			res[i] = SettleResult{Applied: true}
 		default:
-			cmds[i] = settleScript.EvalSha(cctx, pipe, it.Lease.keys, l.settleArgs(it.Lease, it.Tokens, it.CostMicros, it.Cancel)...)
+			calls = append(calls, scriptCall{keys: it.Lease.keys, args: l.settleArgs(it.Lease, it.Tokens, it.CostMicros, it.Cancel)})
+			idx = append(idx, i)
 		}
 	}
-	_, _ = pipe.Exec(cctx)
-	for i, c := range cmds {
-		if c == nil {
-			continue
-		}
+	if len(calls) == 0 {
+		return res, errs
+	}
+	// Settlements are off the request path: a batch gets one call timeout
+	// per 16 items, so a busy Redis does not fail a large batch whole.
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
+	defer cancel()
+	vals, verrs := l.store.evalBatch(cctx, settleScript, calls)
+	for j, i := range idx {
 		it := items[i]
-		raw, err := c.Slice()
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			res[i], errs[i] = l.SettleOne(ctx, it)
-			continue
-		}
-		if err != nil {
-			errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
-			continue
-		}
-		vals, err := int64s(raw)
+		err := verrs[j]
 		if err == nil {
-			res[i], err = settleResult(it.Lease, vals)
+			res[i], err = settleResult(it.Lease, vals[j])
 		}
 		if err != nil {
 			errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
@@ -754,14 +747,10 @@ func boolArg(b bool) int {
 
 // run runs a script under the per-call timeout and returns its integer
 // array; every failure is ErrUnavailable.
-func (l *Limiter) run(ctx context.Context, s *redis.Script, op string, keys []string, args []any) ([]int64, error) {
+func (l *Limiter) run(ctx context.Context, s *script, op string, keys []string, args []any) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
 	defer cancel()
-	raw, err := s.Run(ctx, l.cfg.Client, keys, args...).Slice()
-	if err != nil {
-		return nil, fmt.Errorf("limits %s: %w: %w", op, ErrUnavailable, err)
-	}
-	out, err := int64s(raw)
+	out, err := l.store.eval(ctx, s, scriptCall{keys: keys, args: args})
 	if err != nil {
 		return nil, fmt.Errorf("limits %s: %w: %w", op, ErrUnavailable, err)
 	}
@@ -771,6 +760,10 @@ func (l *Limiter) run(ctx context.Context, s *redis.Script, op string, keys []st
 // MayHaveRun reports whether a failed call might still execute in Redis:
 // false only when the connection could not even be made.
 func MayHaveRun(err error) bool {
+	var de *redispipe.DialError
+	if errors.As(err, &de) {
+		return false
+	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return false

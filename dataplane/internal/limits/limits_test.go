@@ -10,6 +10,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/internal/budget"
 )
 
@@ -50,7 +52,17 @@ func setup(t testing.TB, mod func(*Config)) *bundle {
 	require.NoError(t, rdb.Ping(context.Background()).Err(), "the limits tests need Redis at %s", redisAddr)
 	prefix := "sluice-test-" + randHex(t) + ":"
 	t.Cleanup(func() { deleteKeys(t, rdb, prefix) })
-	cfg := Config{Client: rdb, KeyPrefix: prefix, CallTimeout: time.Second}
+	cfg := Config{KeyPrefix: prefix, CallTimeout: time.Second}
+	if strings.Contains(t.Name(), "/goredis/") {
+		// TestGoRedisStore: the same test through go-redis (the store of
+		// Redis Cluster).
+		cfg.Client = rdb
+	} else {
+		pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pipe.Close() })
+		cfg.Pipe = pipe
+	}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -442,19 +454,59 @@ func silentListener(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// TestGoRedisStore runs the core tests through go-redis, the store used
+// for Redis Cluster (setup picks it for subtests under "goredis/").
+func TestGoRedisStore(t *testing.T) {
+	for name, f := range map[string]func(*testing.T){
+		"AdmitAllOrNothing": TestAdmitAllOrNothing, "TPMReconcile": TestTPMReconcile,
+		"LeasesReleaseAndHeal": TestLeasesReleaseAndHeal, "SettleIdempotent": TestSettleIdempotent,
+		"BudgetReserveReconcile": TestBudgetReserveReconcile, "SettleBatch": TestSettleBatch,
+		"CancelUndoesALateAdmission": TestCancelUndoesALateAdmission,
+	} {
+		t.Run("goredis/"+name, f)
+	}
+}
+
 func TestTimeoutIsUnavailable(t *testing.T) {
 	t.Parallel()
-	rdb := redis.NewClient(&redis.Options{Addr: silentListener(t), ContextTimeoutEnabled: true})
+	addr := silentListener(t)
+	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := New(Config{Client: rdb})
+	pipe, err := redispipe.New(redispipe.Options{Addr: addr})
 	require.NoError(t, err)
-	req := Request{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: KindKey, ID: "k", MaxParallel: 1}}}
-	for range 3 {
-		start := time.Now()
-		_, err = lim.Admit(context.Background(), req)
-		require.ErrorIs(t, err, ErrUnavailable)
-		require.Less(t, time.Since(start), 150*time.Millisecond, "the per-call timeout is %v", DefaultCallTimeout)
+	t.Cleanup(func() { _ = pipe.Close() })
+	for _, cfg := range []Config{{Client: rdb}, {Pipe: pipe}} {
+		lim, err := New(cfg)
+		require.NoError(t, err)
+		req := Request{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: KindKey, ID: "k", MaxParallel: 1}}}
+		for range 3 {
+			start := time.Now()
+			d, err := lim.Admit(context.Background(), req)
+			require.ErrorIs(t, err, ErrUnavailable)
+			require.True(t, MayHaveRun(err), "the command was sent: %v", err)
+			require.NotNil(t, d.Lease, "a failed admission returns its lease for Cancel")
+			require.Less(t, time.Since(start), 150*time.Millisecond, "the per-call timeout is %v", DefaultCallTimeout)
+		}
 	}
+
+	// A refused connection: nothing was sent.
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadAddr := dead.Addr().String()
+	require.NoError(t, dead.Close())
+	pipe, err = redispipe.New(redispipe.Options{Addr: deadAddr})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pipe.Close() })
+	lim, err := New(Config{Pipe: pipe})
+	require.NoError(t, err)
+	_, err = lim.Admit(context.Background(), Request{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: KindKey, ID: "k", MaxParallel: 1}}})
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.False(t, MayHaveRun(err), "%v", err)
+
+	_, err = New(Config{})
+	require.ErrorContains(t, err, "exactly one of Pipe and Client")
+	_, err = New(Config{Pipe: pipe, Client: rdb})
+	require.ErrorContains(t, err, "exactly one of Pipe and Client")
 
 	// A client that ignores context deadlines is refused up front.
 	_, err = New(Config{Client: redis.NewClient(&redis.Options{Addr: redisAddr})})

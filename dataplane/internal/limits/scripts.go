@@ -2,12 +2,10 @@ package limits
 
 import (
 	_ "embed"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // The scripts share lua/common.lua, which is prepended to each of them; the
-// SHA go-redis sends with EVALSHA is that of the combined text.
+// SHA sent with EVALSHA is that of the combined text.
 var (
 	//go:embed lua/common.lua
 	commonLua string
@@ -18,7 +16,7 @@ var (
 	//go:embed lua/settle.lua
 	settleLua string
 
-	admitScript  = redis.NewScript(commonLua + "\n" + admitLua)
-	renewScript  = redis.NewScript(commonLua + "\n" + renewLua)
-	settleScript = redis.NewScript(commonLua + "\n" + settleLua)
+	admitScript  = newScript(commonLua + "\n" + admitLua)
+	renewScript  = newScript(commonLua + "\n" + renewLua)
+	settleScript = newScript(commonLua + "\n" + settleLua)
 )

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
 
@@ -44,7 +45,10 @@ func newLimitsEnv(t *testing.T, opts ...envOpt) *limitsEnv {
 	_, _ = rand.Read(b[:])
 	prefix := "pt" + hex.EncodeToString(b[:]) + ":"
 	t.Cleanup(func() { delPrefix(rdb, prefix) })
-	lim, err := limits.New(limits.Config{Client: rdb, KeyPrefix: prefix, CallTimeout: 200 * time.Millisecond})
+	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pipe.Close() })
+	lim, err := limits.New(limits.Config{Pipe: pipe, KeyPrefix: prefix, CallTimeout: 200 * time.Millisecond})
 	require.NoError(t, err)
 	// The org and deployment were "created" (as a data plane does on the
 	// creation event): no quarantine.
@@ -307,9 +311,10 @@ func TestLimitsUnavailableFailsClosed(t *testing.T) {
 	require.NoError(t, dead.Close())
 	for _, tc := range []struct{ name, addr string }{{"silent", ln.Addr().String()}, {"refused", deadAddr}} {
 		t.Run(tc.name, func(t *testing.T) {
-			rdb := redis.NewClient(&redis.Options{Addr: tc.addr, ContextTimeoutEnabled: true, MaxRetries: -1, DialTimeout: 250 * time.Millisecond})
-			t.Cleanup(func() { _ = rdb.Close() })
-			lim, err := limits.New(limits.Config{Client: rdb})
+			pipe, err := redispipe.New(redispipe.Options{Addr: tc.addr})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = pipe.Close() })
+			lim, err := limits.New(limits.Config{Pipe: pipe})
 			require.NoError(t, err)
 			e := newEnv(t, func(c *Config) {
 				c.Limiter = lim
