@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -228,17 +229,17 @@ func lfGhosts(t *testing.T, rs *lfRedis, proxies []*proxy, prefix, org, concKey,
 	rdb := rs.client()
 	base := prefix + "{o:" + org + "}:"
 	var rpmSum int64
-	vals, err := rdb.HGetAll(ctx, base+"rpm:key:"+rpmKey).Result()
+	vals, err := rdb.HGetAll(ctx, base+"lim:key:"+rpmKey).Result()
 	require.NoError(t, err)
 	for f, v := range vals {
-		if f == "t" || f == "o" { // the window's bookkeeping fields
+		if !strings.HasPrefix(f, "r") || f == "rt" || f == "ro" { // the requests window's buckets only
 			continue
 		}
 		n, _ := strconv.ParseInt(v, 10, 64)
 		rpmSum += n
 	}
 	rpmUp := up.class("rpm").total.Load()
-	spend, err := rdb.HGet(ctx, base+"bud:1d:key:"+budgetKey, "s").Int64()
+	spend, err := rdb.HGet(ctx, base+"lim:key:"+budgetKey, "bs").Int64()
 	require.NoError(t, err)
 	budUp := up.class("budget").total.Load()
 	leases, err := rdb.ZCount(ctx, base+"par:key:"+concKey, strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
@@ -299,8 +300,8 @@ func TestLimitsRedisRestartedEmpty(t *testing.T) {
 		require.NoError(t, p.dp.proxy.Drain(dctx))
 	}
 	cancel()
-	budRedisKey := d.redisPrefix + "{o:" + org + "}:bud:1d:key:" + budKey
-	before, err := rs.client().HGet(context.Background(), budRedisKey, "s").Int64()
+	budRedisKey := d.redisPrefix + "{o:" + org + "}:lim:key:" + budKey
+	before, err := rs.client().HGet(context.Background(), budRedisKey, "bs").Int64()
 	require.NoError(t, err)
 	budReqs := up.class("bud").total.Load()
 	require.Zero(t, before%budReqs, "budget counter %d µUSD before the restart is not %d equal real costs", before, budReqs)
@@ -382,7 +383,7 @@ func TestLimitsRedisRestartedEmpty(t *testing.T) {
 	for _, p := range proxies {
 		require.NoError(t, p.dp.proxy.Drain(dctx))
 	}
-	after, err := rs.client().HGet(context.Background(), budRedisKey, "s").Int64()
+	after, err := rs.client().HGet(context.Background(), budRedisKey, "bs").Int64()
 	require.NoError(t, err)
 
 	mean := func(from, to time.Time) (float64, int64) {

@@ -837,7 +837,7 @@ func TestLimitsBudgetUnderConcurrency(t *testing.T) {
 	// in micro-USD (each rounded up).
 	rdb := redis.NewClient(&redis.Options{Addr: testRedisAddr})
 	defer rdb.Close()
-	counter, err := rdb.HGet(context.Background(), d.redisPrefix+"{o:"+ten.OrgID+"}:bud:1d:team:"+ten.TeamID, "s").Int64()
+	counter, err := rdb.HGet(context.Background(), d.redisPrefix+"{o:"+ten.OrgID+"}:lim:team:"+ten.TeamID, "bs").Int64()
 	require.NoError(t, err)
 	t.Logf("%d clients, %d hammering round(s) in %s: %d requests, %d admitted, %d refused with budget_exceeded (all with x-should-retry: false, "+
 		"naming team:%s), %d 503 limits_unavailable; charged $%.6f (spend_logs) = upstream usage × price $%.6f; cap $%.2f, bound cap + one reservation $%.6f "+

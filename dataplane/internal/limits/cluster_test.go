@@ -120,7 +120,7 @@ func TestCluster(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, res.Applied)
 		}
-		n, err := rdb.ZCard(ctx, newKeyBuilder("sluice:", org).scope(&scopes[8])[2]).Result()
+		n, err := rdb.ZCard(ctx, newKeyBuilder("sluice:", org).scope(&scopes[8])[1]).Result()
 		require.NoError(t, err)
 		require.Zero(t, n)
 	}

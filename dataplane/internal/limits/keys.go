@@ -8,18 +8,22 @@ import "strings"
 // comes last, after parts drawn from fixed sets, so two different scopes
 // never share a key.
 //
-//	<prefix>{o:<org>}:epoch                         epoch (string, ms)
-//	<prefix>{o:<org>}:req:<request id>              request record (hash)
-//	<prefix>{o:<org>}:rpm:<kind>:<id>               requests window (hash)
-//	<prefix>{o:<org>}:tpm:<kind>:<id>               tokens window (hash)
-//	<prefix>{o:<org>}:par:<kind>:<id>               leases (zset)
-//	<prefix>{o:<org>}:bud:<window>:<kind>:<id>      budget (hash)
+//	<prefix>{o:<org>}:epoch                epoch (string, ms)
+//	<prefix>{o:<org>}:req:<request id>     request record (string)
+//	<prefix>{o:<org>}:lim:<kind>:<id>      the scope's rpm and tpm windows and budget (hash)
+//	<prefix>{o:<org>}:par:<kind>:<id>      the scope's leases (zset)
 //
-// The budget key names its window string, so changing budget_duration
-// starts a new counter (from its seed) instead of reinterpreting the old one.
+// lua/common.lua lists the fields of the lim hash. The budget fields name
+// their window and budget_duration, so changing budget_duration starts a
+// new counter (from its seed) instead of reinterpreting the old one.
+//
+// Layout history: until 2026-11 each scope had four keys (rpm:, tpm:,
+// par:, bud:<window>:); a data plane of this layout does not read them, so
+// an upgrade restarts rate windows empty and budgets from their seeds
+// (docs/limits.md, "Upgrades").
 
 // keysPerScope is the number of KEYS each scope occupies in a script call.
-const keysPerScope = 4
+const keysPerScope = 2
 
 // keyBuilder builds the keys of one org.
 type keyBuilder struct {
@@ -34,19 +38,10 @@ func (k keyBuilder) epoch() string { return k.base + "epoch" }
 
 func (k keyBuilder) record(requestID string) string { return k.base + "req:" + requestID }
 
-// scope returns the rpm, tpm, leases and budget keys of s, in script order.
+// scope returns the state and leases keys of s, in script order.
 func (k keyBuilder) scope(s *Scope) [keysPerScope]string {
 	tail := s.Kind + ":" + s.ID
-	window := "-"
-	if s.Budget != nil {
-		window = s.Budget.Window
-	}
-	return [keysPerScope]string{
-		k.base + "rpm:" + tail,
-		k.base + "tpm:" + tail,
-		k.base + "par:" + tail,
-		k.base + "bud:" + window + ":" + tail,
-	}
+	return [keysPerScope]string{k.base + "lim:" + tail, k.base + "par:" + tail}
 }
 
 // callKeys returns KEYS for a script call on req's scopes.

@@ -574,65 +574,7 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 // a second Settle, from this or any data plane, is a no-op. One round trip
 // (none when the request only carried rpm limits).
 func (l *Limiter) Settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
-	if lease.settled.Load() {
-		return SettleResult{}, nil
-	}
-	if !lease.needs {
-		lease.settled.Store(true)
-		return SettleResult{Applied: true}, nil
-	}
-	res, err := l.settle(ctx, lease, actualTokens, actualCostMicros)
-	if err == nil {
-		lease.settled.Store(true)
-	}
-	return res, err
-}
-
-// settle runs settle.lua regardless of the in-process settled flag.
-func (l *Limiter) settle(ctx context.Context, lease *Lease, actualTokens, actualCostMicros int64) (SettleResult, error) {
-	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, actualTokens, actualCostMicros, false))
-	if err != nil {
-		return SettleResult{}, err
-	}
-	return settleResult(lease, vals)
-}
-
-// settleArgs builds settle.lua's ARGV; cancel gives the admission's
-// request back to the rpm windows.
-func (l *Limiter) settleArgs(lease *Lease, actualTokens, actualCostMicros int64, cancel bool) []any {
-	th := l.cfg.AlertThresholds
-	args := make([]any, 0, 8+len(th)+9*len(lease.scopes))
-	args = append(args, lease.requestID, max(actualTokens, 0), max(actualCostMicros, 0),
-		ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), ms(tombstoneTTL), len(lease.scopes), len(th))
-	for _, p := range th {
-		args = append(args, p)
-	}
-	for _, s := range lease.scopes {
-		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
-		args = appendBudgetArgs(args, s.Budget, true)
-		args = append(args, boolArg(cancel && s.RPM > 0))
-	}
-	return args
-}
-
-// settleResult maps settle.lua's result (see its header).
-func settleResult(lease *Lease, vals []int64) (SettleResult, error) {
-	if len(vals) < 2 || (len(vals)-2)%3 != 0 {
-		return SettleResult{}, fmt.Errorf("%w: settle returned %d values", ErrUnavailable, len(vals))
-	}
-	res := SettleResult{Applied: vals[0] != 0, WithoutRecord: vals[0] == 2}
-	for j := 2; j < len(vals); j += 3 {
-		i := vals[j] - 1
-		if i < 0 || int(i) >= len(lease.scopes) || lease.scopes[i].Budget == nil {
-			return SettleResult{}, fmt.Errorf("%w: settle alert for scope %d", ErrUnavailable, vals[j])
-		}
-		s := lease.scopes[i]
-		res.Alerts = append(res.Alerts, BudgetAlert{
-			Scope: ScopeRef{Kind: s.Kind, ID: s.ID}, Percent: vals[j+1], SpendMicros: vals[j+2],
-			CapMicros: s.Budget.CapMicros, SoftMicros: s.Budget.SoftMicros, Window: s.Budget.Window,
-		})
-	}
-	return res, nil
+	return l.SettleOne(ctx, SettleItem{Lease: lease, Tokens: actualTokens, CostMicros: actualCostMicros})
 }
 
 // SettleItem is one settlement of a batch. Cancel settles an admission
@@ -645,69 +587,148 @@ type SettleItem struct {
 
 // Cancel settles, with zero usage, an admission whose call returned an
 // error but may still run in Redis (MayHaveRun): whichever comes first,
-// the admission ends up consuming nothing, its rpm unit included.
+// the admission ends up consuming nothing, its rpm unit included. Unlike
+// Settle it runs for leases that hold nothing to settle too.
 func (l *Limiter) Cancel(ctx context.Context, lease *Lease) (SettleResult, error) {
-	if lease.settled.Load() {
-		return SettleResult{}, nil
-	}
-	vals, err := l.run(ctx, settleScript, "settle", lease.keys, l.settleArgs(lease, 0, 0, true))
-	if err != nil {
-		return SettleResult{}, err
-	}
-	lease.settled.Store(true)
-	return settleResult(lease, vals)
-}
-
-// SettleBatch settles several requests in one pipelined round trip (one
-// EVALSHA each, as Settle; it is the same script). Results and errors are
-// per item; an item that failed can be retried with Settle. Scripts
-// missing from Redis (after a restart or SCRIPT FLUSH) fall back to Settle,
-// which loads them.
-func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]SettleResult, []error) {
-	res := make([]SettleResult, len(items))
-	errs := make([]error, len(items))
-	calls := make([]scriptCall, 0, len(items))
-	idx := make([]int, 0, len(items))
-	for i, it := range items {
-		switch {
-		case it.Lease.settled.Load():
-		case !it.Lease.needs:
-			it.Lease.settled.Store(true)
-			res[i] = SettleResult{Applied: true}
-		default:
-			calls = append(calls, scriptCall{keys: it.Lease.keys, args: l.settleArgs(it.Lease, it.Tokens, it.CostMicros, it.Cancel)})
-			idx = append(idx, i)
-		}
-	}
-	if len(calls) == 0 {
-		return res, errs
-	}
-	// Settlements are off the request path: a batch gets one call timeout
-	// per 16 items, so a busy Redis does not fail a large batch whole.
-	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
-	defer cancel()
-	vals, verrs := l.store.evalBatch(cctx, settleScript, calls)
-	for j, i := range idx {
-		it := items[i]
-		err := verrs[j]
-		if err == nil {
-			res[i], err = settleResult(it.Lease, vals[j])
-		}
-		if err != nil {
-			errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
-			continue
-		}
-		it.Lease.settled.Store(true)
-	}
-	return res, errs
+	return l.SettleOne(ctx, SettleItem{Lease: lease, Cancel: true})
 }
 
 // SettleOne settles one item on its own (Settle or Cancel).
 func (l *Limiter) SettleOne(ctx context.Context, it SettleItem) (SettleResult, error) {
-	if it.Cancel {
-		return l.Cancel(ctx, it.Lease)
+	res, errs := l.SettleBatch(ctx, []SettleItem{it})
+	return res[0], errs[0]
+}
+
+// maxSettleGroup bounds the requests settled by one script call.
+const maxSettleGroup = 64
+
+// SettleBatch settles several requests: the requests of one org in one
+// settle.lua call (which reads and writes each scope they share once), the
+// calls of several orgs pipelined in one round trip. Results and errors
+// are per item; an item that failed can be retried with SettleOne.
+func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]SettleResult, []error) {
+	res := make([]SettleResult, len(items))
+	errs := make([]error, len(items))
+	// Groups of item indexes by org, in order of first appearance.
+	var groups [][]int
+	byOrg := map[string]int{}
+	for i, it := range items {
+		switch {
+		case it.Lease.settled.Load():
+			continue
+		case !it.Lease.needs && !it.Cancel:
+			it.Lease.settled.Store(true)
+			res[i] = SettleResult{Applied: true}
+			continue
+		}
+		g, ok := byOrg[it.Lease.orgID]
+		if !ok || len(groups[g]) == maxSettleGroup {
+			g = len(groups)
+			groups = append(groups, nil)
+			byOrg[it.Lease.orgID] = g
+		}
+		groups[g] = append(groups[g], i)
 	}
-	return l.Settle(ctx, it.Lease, it.Tokens, it.CostMicros)
+	if len(groups) == 0 {
+		return res, errs
+	}
+	calls := make([]scriptCall, len(groups))
+	n := 0
+	for g, idx := range groups {
+		calls[g] = l.settleCall(items, idx)
+		n += len(idx)
+	}
+	// Settlements are off the request path: a batch gets one call timeout
+	// per 16 items, so a busy Redis does not fail a large batch whole.
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+n/16))
+	defer cancel()
+	vals, verrs := l.store.evalBatch(cctx, settleScript, calls)
+	for g, idx := range groups {
+		err := verrs[g]
+		var gres []SettleResult
+		if err == nil {
+			gres, err = settleResults(items, idx, vals[g])
+		}
+		for j, i := range idx {
+			if err != nil {
+				errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
+				continue
+			}
+			res[i] = gres[j]
+			items[i].Lease.settled.Store(true)
+		}
+	}
+	return res, errs
+}
+
+// settleCall builds the settle.lua call of items[idx] (one org): their
+// records, then each distinct scope's keys once.
+func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
+	th := l.cfg.AlertThresholds
+	first := items[idx[0]].Lease
+	keys := make([]string, 0, 1+len(idx)+2*len(first.scopes))
+	keys = append(keys, newKeyBuilder(l.cfg.KeyPrefix, first.orgID).epoch())
+	for _, i := range idx {
+		keys = append(keys, items[i].Lease.keys[1])
+	}
+	args := make([]any, 0, 5+len(th)+len(idx)*(4+10*len(first.scopes)))
+	args = append(args, ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), ms(tombstoneTTL), len(idx), len(th))
+	for _, p := range th {
+		args = append(args, p)
+	}
+	distinct := map[string]int{}
+	for _, i := range idx {
+		it := items[i]
+		lease := it.Lease
+		args = append(args, lease.requestID, max(it.Tokens, 0), max(it.CostMicros, 0), len(lease.scopes))
+		for j, sc := range lease.scopes {
+			hk := lease.keys[2+keysPerScope*j]
+			d, ok := distinct[hk]
+			if !ok {
+				keys = append(keys, hk, lease.keys[3+keysPerScope*j])
+				d = len(distinct) + 1
+				distinct[hk] = d
+			}
+			args = append(args, d, boolArg(sc.TPM > 0), boolArg(sc.MaxParallel > 0), boolArg(it.Cancel && sc.RPM > 0))
+			args = appendBudgetArgs(args, sc.Budget, true)
+		}
+	}
+	return scriptCall{keys: keys, args: args}
+}
+
+// settleResults maps settle.lua's result (see its header) for items[idx].
+func settleResults(items []SettleItem, idx []int, vals []int64) ([]SettleResult, error) {
+	out := make([]SettleResult, len(idx))
+	j := 1
+	for k, i := range idx {
+		if j+2 > len(vals) {
+			return nil, fmt.Errorf("settle returned %d values for %d requests", len(vals), len(idx))
+		}
+		state, na := vals[j], vals[j+1]
+		j += 2
+		if state < 0 || state > 2 || na < 0 || j+3*int(na) > len(vals) {
+			return nil, fmt.Errorf("settle returned state %d with %d alerts", state, na)
+		}
+		res := SettleResult{Applied: state != 0, WithoutRecord: state == 2}
+		lease := items[i].Lease
+		for ; na > 0; na-- {
+			si := vals[j] - 1
+			if si < 0 || int(si) >= len(lease.scopes) || lease.scopes[si].Budget == nil {
+				return nil, fmt.Errorf("settle alert for scope %d", vals[j])
+			}
+			sc := lease.scopes[si]
+			res.Alerts = append(res.Alerts, BudgetAlert{
+				Scope: ScopeRef{Kind: sc.Kind, ID: sc.ID}, Percent: vals[j+1], SpendMicros: vals[j+2],
+				CapMicros: sc.Budget.CapMicros, SoftMicros: sc.Budget.SoftMicros, Window: sc.Budget.Window,
+			})
+			j += 3
+		}
+		out[k] = res
+	}
+	if j != len(vals) {
+		return nil, fmt.Errorf("settle returned %d values, read %d", len(vals), j)
+	}
+	return out, nil
 }
 
 func int64s(raw []any) ([]int64, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
 	"net"
@@ -100,34 +99,37 @@ func (b *bundle) state(t testing.TB, s Scope) scopeState {
 	t.Helper()
 	ctx := context.Background()
 	k := newKeyBuilder(b.prefix, b.org).scope(&s)
-	sum := func(key string) int64 {
-		m, err := b.rdb.HGetAll(ctx, key).Result()
-		require.NoError(t, err)
+	m, err := b.rdb.HGetAll(ctx, k[0]).Result()
+	require.NoError(t, err)
+	// sum adds the buckets of window p and checks its bookkeeping.
+	sum := func(p string) int64 {
 		var n int64
 		for f, v := range m {
-			if f == "t" || f == "o" {
+			if !strings.HasPrefix(f, p) || f == p+"t" || f == p+"o" {
 				continue
 			}
-			x, _ := strconv.ParseInt(v, 10, 64)
+			x, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err, "field %s", f)
+			require.Positive(t, x, "window %s bucket %s", p, f)
 			n += x
 		}
-		if tv, ok := m["t"]; ok {
+		tv, ok := m[p+"t"]
+		_, hasO := m[p+"o"]
+		require.Equal(t, ok, hasO, "window %s: 't' and 'o' come together", p)
+		if ok {
 			// The bookkeeping total equals the buckets it sums.
-			require.Equal(t, strconv.FormatInt(n, 10), tv, "window %s: 't' is not the sum of its buckets", key)
+			require.Equal(t, strconv.FormatInt(n, 10), tv, "window %s of %s: 't' is not the sum of its buckets", p, k[0])
+		} else {
+			require.Zero(t, n, "window %s has buckets but no bookkeeping", p)
 		}
 		return n
 	}
-	st := scopeState{Requests: sum(k[0]), Tokens: sum(k[1])}
-	var err error
+	st := scopeState{Requests: sum("r"), Tokens: sum("k")}
 	// Live leases (expired ones are pruned lazily).
-	st.Leases, err = b.rdb.ZCount(ctx, k[2], "("+strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
+	st.Leases, err = b.rdb.ZCount(ctx, k[1], "("+strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
 	require.NoError(t, err)
 	if s.Budget != nil {
-		v, err := b.rdb.HGet(ctx, k[3], "s").Result()
-		if !errors.Is(err, redis.Nil) {
-			require.NoError(t, err)
-			st.Spend, _ = strconv.ParseInt(v, 10, 64)
-		}
+		st.Spend, _ = strconv.ParseInt(m["bs"], 10, 64)
 	}
 	return st
 }
@@ -317,7 +319,8 @@ func TestSettleIdempotent(t *testing.T) {
 	res, err = b.lim.Settle(ctx, d.Lease, 40, 200)
 	require.NoError(t, err)
 	require.False(t, res.Applied)
-	res, err = b.lim.settle(ctx, d.Lease, 40, 200)
+	d.Lease.settled.Store(false)
+	res, err = b.lim.Settle(ctx, d.Lease, 40, 200)
 	require.NoError(t, err)
 	require.False(t, res.Applied)
 	require.Equal(t, want, b.state(t, s))
@@ -691,9 +694,9 @@ func BenchmarkAdmitSettle(b *testing.B) {
 
 // TestWindowBookkeepingUnderChurn drives one tpm+rpm scope with random
 // admissions, settlements (refunds to zero, under- and over-estimates),
-// idle gaps longer than the window and a hash from before the bookkeeping
-// fields, checking after every step that the window's running total equals
-// its buckets and that a pruned window never counts more than its limit.
+// idle gaps longer than the window and inconsistent bookkeeping, checking
+// after every step that the window's running total equals its buckets and
+// that a pruned window never counts more than its limit.
 func TestWindowBookkeepingUnderChurn(t *testing.T) {
 	t.Parallel()
 	const window, bucket = 300 * time.Millisecond, 10 * time.Millisecond
@@ -730,11 +733,12 @@ func TestWindowBookkeepingUnderChurn(t *testing.T) {
 	}
 	require.Greater(t, admitted, 20)
 
-	// A window hash written before the bookkeeping fields is rebuilt.
+	// A window whose bookkeeping is inconsistent (a total without its
+	// oldest bucket) is rebuilt from its buckets.
 	time.Sleep(window + 2*bucket) // the tpm window empties
 	k := newKeyBuilder(b.prefix, b.org).scope(&s)
 	require.NoError(t, b.rdb.Del(ctx, k[0]).Err())
-	require.NoError(t, b.rdb.HSet(ctx, k[0], "1", 3).Err()) // a stale bucket (1970)
+	require.NoError(t, b.rdb.HSet(ctx, k[0], "r1", 3, "rt", 3).Err()) // a stale bucket (1970)
 	d := b.admit(t, b.req("legacy", 1, 0, s))
 	require.True(t, d.Allowed)
 	require.Equal(t, int64(1), b.state(t, s).Requests)

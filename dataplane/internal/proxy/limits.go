@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -493,9 +494,10 @@ type settleJob struct {
 	done func()
 }
 
-// Settlements are queued and settled by one worker in pipelined batches
-// (one round trip for many requests; the worker exits when the queue is
-// empty). A failed one is retried on its own with backoff.
+// Settlements are queued and settled by one worker in batches (one round
+// trip, and one script call per org, for many requests; the worker exits
+// when the queue is empty). A failed one is retried on its own with
+// backoff.
 const (
 	settleQueueLen = 8192
 	maxSettleBatch = 64
@@ -506,6 +508,10 @@ func (h *Handler) settleWorker() {
 	items := make([]limits.SettleItem, 0, maxSettleBatch)
 	for {
 		batch, items = batch[:0], items[:0]
+		// Let the goroutines that are ready run first: requests finishing
+		// now queue their settlements into this batch (one script call per
+		// org settles them together).
+		runtime.Gosched()
 	collect:
 		for len(batch) < maxSettleBatch {
 			select {

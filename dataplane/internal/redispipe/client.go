@@ -379,6 +379,7 @@ type call struct {
 	v    Value
 	err  error
 	at   int64         // when it was queued (Unix ns)
+	seen uint64        // the connection's replies when it was queued
 	done chan struct{} // receives once, when v/err are set
 }
 
@@ -408,6 +409,7 @@ type conn struct {
 	writing bool    // the writer is between taking wbuf and writing it
 	q       []*call // awaiting replies, oldest at qhead
 	qhead   int
+	replies uint64 // replies received
 	err     error
 	broken  atomic.Bool
 }
@@ -438,7 +440,7 @@ func (cn *conn) enqueue(stale time.Duration, cls []*call, enc func([]byte) ([]by
 	}
 	cn.wbuf = b
 	for _, cl := range cls {
-		cl.at = now
+		cl.at, cl.seen = now, cn.replies
 	}
 	cn.q = append(cn.q, cls...)
 	wake := n == 0 && !cn.writing
@@ -492,10 +494,12 @@ func (cn *conn) writeLoop(writeTimeout time.Duration) {
 	}
 }
 
-// wait returns cl's reply. A call whose context ends first aborts its
-// connection (see abort): a server that does not answer within a call's
-// deadline is treated as down, and the commands still queued to it should
-// not run later.
+// wait returns cl's reply. A call whose context ends first is abandoned
+// (its reply will be dropped); if no reply at all arrived on the
+// connection since the call was queued, the server is treated as down and
+// the connection aborted (see abort), so the commands still queued to it
+// do not run later. (A server that still answers, only late, keeps its
+// connection and the other calls on it.)
 func (cn *conn) wait(ctx context.Context, cl *call) (Value, error) {
 	select {
 	case <-cl.done:
@@ -504,7 +508,12 @@ func (cn *conn) wait(ctx context.Context, cl *call) (Value, error) {
 		case <-cl.done:
 		default:
 			err := &ConnError{Err: fmt.Errorf("no reply: %w", ctx.Err())}
-			cn.abort(err)
+			cn.mu.Lock()
+			silent := cn.replies == cl.seen
+			cn.mu.Unlock()
+			if silent {
+				cn.abort(err)
+			}
 			return Value{}, err
 		}
 	}
@@ -547,6 +556,7 @@ func (cn *conn) readLoop() {
 		cl := cn.q[cn.qhead]
 		cn.q[cn.qhead] = nil
 		cn.qhead++
+		cn.replies++
 		switch {
 		case cn.qhead == len(cn.q):
 			cn.q, cn.qhead = cn.q[:0], 0

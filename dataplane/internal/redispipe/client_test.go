@@ -336,6 +336,37 @@ func TestFrozenServer(t *testing.T) {
 	require.Equal(t, int64(2), f.accepts.Load())
 }
 
+// A server that answers, only late: a call that gives up is abandoned but
+// the connection, still making progress, stays (other calls on it are not
+// failed).
+func TestSlowServerKeepsConnection(t *testing.T) {
+	f := startFake(t, func(n int64, cmd []string) string {
+		time.Sleep(30 * time.Millisecond)
+		return ":" + cmd[1] + "\r\n"
+	})
+	c := newClient(t, Options{Addr: f.l.Addr().String()})
+	first := make(chan Value, 1)
+	go func() {
+		v, err := c.Do(ctxT(t, 2*time.Second), "ECHO", 1)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- v
+	}()
+	require.Eventually(t, func() bool { return f.accepts.Load() == 1 }, time.Second, time.Millisecond)
+	time.Sleep(5 * time.Millisecond) // the first call is queued
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Millisecond)
+	_, err := c.Do(ctx, "ECHO", 2)
+	cancel()
+	var ce *ConnError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, int64(1), (<-first).Int)
+	v, err := c.Do(ctxT(t, 2*time.Second), "ECHO", 3)
+	require.NoError(t, err)
+	require.Equal(t, int64(3), v.Int, "the abandoned reply (2) was dropped, not handed to the next call")
+	require.Equal(t, int64(1), f.accepts.Load())
+}
+
 // A call with a long deadline behind which the server went silent: once
 // its command waited StaleAfter, the next call replaces the connection.
 func TestStaleConnectionIsReplaced(t *testing.T) {

@@ -3,7 +3,7 @@
 -- except bookkeeping that is not consumption (the epoch key, pruning of
 -- expired entries, starting a new budget window from its seed).
 --
--- KEYS: layout of common.lua (epoch, record, then 4 keys per scope).
+-- KEYS: layout of common.lua (epoch, record, then 2 keys per scope).
 -- ARGV:
 --   1 request id            2 estimated tokens       3 max cost (micro-USD)
 --   4 lease TTL ms          5 quarantine ms          6 record TTL ms
@@ -24,6 +24,9 @@
 --   9-11  tightest requests limit, remaining, reset ms (limit 0: no rpm scope)
 --   12-14 tightest tokens limit, remaining, reset ms (limit 0: no tpm scope)
 --   15 budget window end (Unix s) of the rejecting budget scope, else 0
+--
+-- Steady-state cost of a scope carrying every limit: one HMGET, one ZCOUNT,
+-- one HSET and one ZADD.
 
 local now = now_ms()
 local rid = ARGV[1]
@@ -40,6 +43,7 @@ local n = tonumber(ARGV[11])
 local nb = math.floor(window_ms / bms)
 local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
+local rate_ttl = window_ms + 2 * bms
 
 local epoch = ensure_epoch(now)
 if write_record and redis.call('EXISTS', KEYS[2]) == 1 then
@@ -58,26 +62,31 @@ for i = 1, n do
     seed = tonumber(ARGV[a + 7]), seed_start = tonumber(ARGV[a + 8]),
   }
   st[i] = s
+  local hk = hkey(i)
+  if s.rpm > 0 or s.tpm > 0 or s.unit ~= '-' or s.par > 0 then
+    s.v = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. cur, 'kt', 'ko', 'k' .. cur, 'bw', 'bs', 'lx')
+  end
   if s.rpm > 0 then
-    s.rtotal, s.rold, s.rcur = win_load(scope_key(i, 1), cur, nb)
+    s.rtotal, s.rold, s.rcur = win_state(hk, 'r', s.v[1], s.v[2], s.v[3], cur, nb)
     if not rej and s.rtotal + 1 > s.rpm then
-      rej = { i, 1, win_wait(scope_key(i, 1), s.rold, cur, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
+      rej = { i, 1, win_wait(hk, 'r', s.rold, cur, s.rtotal, 1, s.rpm, nb, bms, now), 0, 0, 0, 0 }
     end
   end
   if s.tpm > 0 then
-    s.ttotal, s.told, s.tcur = win_load(scope_key(i, 2), cur, nb)
+    s.ttotal, s.told, s.tcur = win_state(hk, 'k', s.v[4], s.v[5], s.v[6], cur, nb)
     if not rej and s.ttotal + est > s.tpm then
-      rej = { i, 2, win_wait(scope_key(i, 2), s.told, cur, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
+      rej = { i, 2, win_wait(hk, 'k', s.told, cur, s.ttotal, est, s.tpm, nb, bms, now), 0, 0, 0, 0 }
     end
   end
-  if s.par > 0 then
-    local pk = scope_key(i, 3)
-    if not rej then
-      -- Live leases only (expired ones are pruned when the scope is full,
-      -- and the whole set expires when idle).
-      if quarantine_left > 0 then
-        rej = { i, 3, quarantine_left, 0, 0, 1, 0 }
-      elseif redis.call('ZCOUNT', pk, '(' .. now, '+inf') >= s.par then
+  if s.par > 0 and not rej then
+    -- Live leases only (expired ones are pruned when the scope is full,
+    -- and the whole set expires when idle).
+    local pk = zkey(i)
+    if quarantine_left > 0 then
+      rej = { i, 3, quarantine_left, 0, 0, 1, 0 }
+    else
+      s.live = redis.call('ZCOUNT', pk, '(' .. now, '+inf')
+      if s.live >= s.par then
         redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
         local first = redis.call('ZRANGE', pk, 0, 0, 'WITHSCORES')
         local w = par_retry_max
@@ -88,43 +97,74 @@ for i = 1, n do
     end
   end
   if s.unit ~= '-' then
-    s.widx, s.wstart, s.wend = budget_window(s.unit, s.bn, now_s)
-    s.spend = budget_load(scope_key(i, 4), s.widx, s.wstart, s.wend, s.seed, s.seed_start)
+    local idx, ws, we = budget_window(s.unit, s.bn, now_s)
+    s.widx, s.wend = idx, we
+    local id = bw_id(s.unit, s.bn, idx)
+    if s.v[7] == id then
+      s.spend = tonumber(s.v[8]) or 0
+    else
+      -- A new window (or a first use, or lost state) starts from the
+      -- durable seed; alert markers of other windows no longer match.
+      s.spend = budget_start(s.seed, s.seed_start, ws)
+      redis.call('HSET', hk, 'bw', id, 'bs', s.spend)
+      redis.call('EXPIREAT', hk, we + 3600)
+    end
     if not rej and s.cap > 0 and s.spend >= s.cap then
-      rej = { i, 4, s.wend * 1000 - now, s.spend, s.cap, 0, s.wend }
+      rej = { i, 4, we * 1000 - now, s.spend, s.cap, 0, we }
     end
   end
 end
 
 -- Phase 2: consume everywhere, only when nothing rejected.
 if not rej then
-  local rec = { 'est', est, 'cost', cost, 'b', cur }
+  local rec = { est, cost, cur }
   for i = 1, n do
     local s = st[i]
+    local hk = hkey(i)
+    local set, del, created = {}, {}, false
     if s.rpm > 0 then
-      win_add_loaded(scope_key(i, 1), cur, 1, window_ms + 2 * bms, s.rtotal, s.rold, s.rcur)
+      created = win_apply(set, del, 'r', cur, 1, s.rcur, s.rtotal, s.rold) or created
       s.rtotal = s.rtotal + 1
       if s.rold == nil then s.rold = cur end
     end
-    if s.tpm > 0 then
-      win_add_loaded(scope_key(i, 2), cur, est, window_ms + 2 * bms, s.ttotal, s.told, s.tcur)
+    if s.tpm > 0 and est > 0 then
+      created = win_apply(set, del, 'k', cur, est, s.tcur, s.ttotal, s.told) or created
       s.ttotal = s.ttotal + est
-      if s.told == nil and est > 0 then s.told = cur end
-    end
-    if s.par > 0 then
-      local pk = scope_key(i, 3)
-      redis.call('ZADD', pk, now + lease_ttl, rid)
-      redis.call('PEXPIRE', pk, 2 * lease_ttl)
+      if s.told == nil then s.told = cur end
     end
     if s.unit ~= '-' then
-      redis.call('HINCRBY', scope_key(i, 4), 's', cost)
-      rec[#rec + 1] = 'w' .. i
+      set[#set + 1] = 'bs'
+      set[#set + 1] = s.spend + cost
       rec[#rec + 1] = s.widx
+    else
+      rec[#rec + 1] = '-'
     end
+    if s.par > 0 then
+      local pk = zkey(i)
+      redis.call('ZADD', pk, now + lease_ttl, rid)
+      -- The lease set outlives its newest lease: its expiry is pushed to
+      -- three lease TTLs whenever fewer than one is left (per 'lx'), or
+      -- when the set may be new (no live lease before this one).
+      local lx = tonumber(s.v[9])
+      if s.live == 0 or not lx or lx - now < lease_ttl then
+        redis.call('PEXPIRE', pk, 3 * lease_ttl)
+        set[#set + 1] = 'lx'
+        set[#set + 1] = now + 3 * lease_ttl
+        -- Only a scope limiting concurrency alone may have created its
+        -- state hash with this field (other scopes' hashes already expire).
+        if s.rpm == 0 and s.tpm == 0 and s.unit == '-' then created = true end
+      end
+    end
+    if created and (s.rpm > 0 or s.tpm > 0) then
+      set[#set + 1] = '_'
+      set[#set + 1] = HASHTABLE_PAD
+    end
+    if #set > 0 then redis.call('HSET', hk, unpack(set)) end
+    if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+    if created then state_expiry(hk, s.unit ~= '-', s.wend, s.rpm > 0 or s.tpm > 0, rate_ttl, lease_ttl) end
   end
   if write_record then
-    redis.call('HSET', KEYS[2], unpack(rec))
-    redis.call('PEXPIRE', KEYS[2], record_ttl)
+    redis.call('SET', KEYS[2], table.concat(rec, ' '), 'PX', record_ttl)
   end
 end
 

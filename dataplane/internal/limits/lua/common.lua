@@ -4,22 +4,39 @@
 --
 -- Shared key layout (built by keys.go, all under one hash tag {o:<org>}):
 --   KEYS[1]        epoch key (string: epoch start, ms since the Unix epoch)
---   KEYS[2]        request record (hash; see admit.lua)
---   KEYS[3+4(i-1)] scope i rpm window  (hash: bucket index -> requests)
---   KEYS[4+4(i-1)] scope i tpm window  (hash: bucket index -> tokens)
---   KEYS[5+4(i-1)] scope i leases      (zset: request id scored by expiry ms)
---   KEYS[6+4(i-1)] scope i budget      (hash: w = window index, s = spend
---                                       micro-USD, a<pct>/soft = alert fired)
--- Keys of limits a scope does not carry are passed but never touched.
+--   KEYS[2]        request record (string; see record_parse)
+--   KEYS[3+2(i-1)] scope i state (hash; fields below)
+--   KEYS[4+2(i-1)] scope i leases (zset: request id scored by expiry ms)
+--
+-- A scope's state hash holds every limit of the scope, so one HMGET reads
+-- and one HSET writes all of them:
+--   rt, ro, r<b>   requests window: total, oldest bucket, bucket b
+--   kt, ko, k<b>   tokens window: the same
+--   bw, bs         budget window id (bw_id) and its spend (micro-USD)
+--   ba<pct>, bsoft the budget window id in which that alert fired
+--   lx             a time (ms) before which the lease set does not expire
+--   _              HASHTABLE_PAD, in hashes of scopes with rate limits (below)
+-- Expiry: a scope with a budget keeps its hash until an hour after the
+-- budget window ends (set when the window starts); a scope without one
+-- keeps it one rate window past its newest bucket (set when a bucket is
+-- created), or three lease TTLs when it only limits concurrency. Losing
+-- 'lx' is harmless (the lease set's expiry is just pushed again).
+
+-- HASHTABLE_PAD is the value of field '_' of the state hash of a scope with
+-- rate limits. Its 80 bytes exceed Redis's default hash-max-listpack-value
+-- (64), so the hash is kept in the hashtable encoding: a window holds up to
+-- 61 buckets per limit, and in the compact listpack encoding every HMGET and
+-- HSET scans all of them (measured: 15-20 µs instead of 3-4 µs per
+-- HMGET+HSET on a hash of 120 fields; docs/limits.md).
+local HASHTABLE_PAD = string.rep('-', 80)
 
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
-local function scope_key(i, slot)
-  return KEYS[2 + 4 * (i - 1) + slot]
-end
+local function hkey(i) return KEYS[3 + 2 * (i - 1)] end
+local function zkey(i) return KEYS[4 + 2 * (i - 1)] end
 
 -- ensure_epoch returns the org's epoch (ms); a missing epoch key means the
 -- org's Redis state is new or was lost, so a new epoch starts now.
@@ -76,79 +93,78 @@ local function budget_window(unit, n, now_s)
   return idx, start, stop
 end
 
--- budget_load returns the spend (micro-USD) of the budget hash for window
--- idx, starting a new window when the hash is missing or holds another
--- window: the new window starts at the durable seed when the seed belongs to
--- it (seed_start 0 or equal to the window start), else at 0. Alert markers
--- of the old window go with it. The hash expires an hour after the window.
-local function budget_load(key, idx, start_s, end_s, seed, seed_start)
-  local v = redis.call('HMGET', key, 'w', 's')
-  if v[1] and tonumber(v[1]) == idx then
-    return tonumber(v[2]) or 0
-  end
-  local s = 0
-  if seed_start == 0 or seed_start == start_s then s = seed end
-  redis.call('DEL', key)
-  redis.call('HSET', key, 'w', idx, 's', s)
-  redis.call('EXPIREAT', key, end_s + 3600)
-  return s
+-- bw_id names a budget window: its duration (so a changed budget_duration
+-- starts a new counter) and its index.
+local function bw_id(unit, n, idx)
+  return unit .. n .. '/' .. idx
 end
 
--- Sliding windows. A window hash maps bucket index -> amount (every
--- bucket > 0) and keeps two bookkeeping fields: 't', the sum of every
--- bucket in the hash, and 'o', a lower bound of the oldest bucket. A check
--- is O(1) amortised: buckets that left the window are found from 'o' (each
--- index is visited once), never by reading the whole hash. The window
--- counts buckets cur-nb .. cur (nb+1 buckets), so it always covers the last
+-- budget_start returns the spend a new budget window starts at: the
+-- durable seed when it belongs to this window (seed_start 0 or equal to
+-- the window start), else 0.
+local function budget_start(seed, seed_start, start_s)
+  if seed_start == 0 or seed_start == start_s then return seed end
+  return 0
+end
+
+-- Sliding windows. Window p ('r' requests, 'k' tokens) of a state hash is
+-- the buckets p<b> (each > 0) plus two bookkeeping fields: p..'t', the sum
+-- of the window's buckets, and p..'o', a lower bound of its oldest bucket;
+-- both are absent exactly when the window has no bucket. A check is O(1)
+-- amortised: buckets that left the window are found from 'o' (each index
+-- is visited once), never by reading the whole hash. The window counts
+-- buckets cur-nb .. cur (nb+1 buckets), so it always covers the last
 -- nb*bucket_ms milliseconds in full.
 
--- win_rebuild recomputes 't' and 'o' from the whole hash, deleting the
--- buckets below lo (after a long idle gap, or for a hash written before the
--- bookkeeping fields existed). Returns the total and the oldest bucket.
-local function win_rebuild(key, lo, cur)
+-- win_rebuild recomputes window p's bookkeeping from the whole hash,
+-- deleting its buckets below lo (after a long idle gap, or when the
+-- bookkeeping is inconsistent). Returns the total, the oldest bucket and
+-- the amount in bucket cur.
+local function win_rebuild(key, p, lo, cur)
   local raw = redis.call('HGETALL', key)
   local total, oldest, stale, curv = 0, nil, {}, 0
   for j = 1, #raw, 2 do
     local f = raw[j]
-    if f ~= 't' and f ~= 'o' then
-      local b, c = tonumber(f), tonumber(raw[j + 1])
-      if b < lo or c <= 0 then
-        stale[#stale + 1] = f
-      else
-        total = total + c
-        if oldest == nil or b < oldest then oldest = b end
-        if b == cur then curv = c end
+    if string.sub(f, 1, 1) == p then
+      local b = tonumber(string.sub(f, 2))
+      if b then
+        local c = tonumber(raw[j + 1]) or 0
+        if b < lo or c <= 0 then
+          stale[#stale + 1] = f
+        else
+          total = total + c
+          if oldest == nil or b < oldest then oldest = b end
+          if b == cur then curv = c end
+        end
       end
     end
   end
   if oldest == nil then
-    redis.call('DEL', key)
+    stale[#stale + 1] = p .. 't'
+    stale[#stale + 1] = p .. 'o'
+    redis.call('HDEL', key, unpack(stale))
     return 0, nil, 0
   end
   if #stale > 0 then redis.call('HDEL', key, unpack(stale)) end
-  redis.call('HSET', key, 't', total, 'o', oldest)
+  redis.call('HSET', key, p .. 't', total, p .. 'o', oldest)
   return total, oldest, curv
 end
 
--- win_load prunes the buckets that left the window and returns the total,
--- the oldest live bucket (nil when the window is empty) and the amount in
--- bucket cur; the hash's 't' then equals the total returned. One HMGET in
--- the steady state; pruning (at most once per bucket) also moves 'o' to the
--- oldest remaining bucket. Between prunings 'o' may name a bucket a
--- refund removed, so the oldest bucket returned is then slightly early.
-local function win_load(key, cur, nb)
+-- win_state returns the total, the oldest live bucket (nil when the window
+-- is empty) and the amount in bucket cur of window p, from the values t, o
+-- and c (p..'t', p..'o', p..cur) the scope's HMGET read, first pruning the
+-- buckets that left the window (at most once per bucket: a HMGET, a HDEL
+-- and a HSET). Between prunings 'o' may name a bucket a refund removed, so
+-- the oldest bucket returned is then slightly early.
+local function win_state(key, p, t, o, c, cur, nb)
   local lo = cur - nb
-  local v = redis.call('HMGET', key, 't', 'o', cur)
-  if not v[1] or not v[2] then
-    if redis.call('EXISTS', key) == 1 then return win_rebuild(key, lo, cur) end
-    return 0, nil, 0
-  end
-  local total, o = tonumber(v[1]), tonumber(v[2])
-  local curv = tonumber(v[3]) or 0
-  if o < lo then
-    if lo - o > nb + 1 then return win_rebuild(key, lo, cur) end
+  if not t and not o then return 0, nil, 0 end
+  if not t or not o then return win_rebuild(key, p, lo, cur) end
+  local total, oldest = tonumber(t), tonumber(o)
+  if oldest < lo then
+    if lo - oldest > nb + 1 then return win_rebuild(key, p, lo, cur) end
     local fields = {}
-    for b = o, lo - 1 do fields[#fields + 1] = b end
+    for b = oldest, lo - 1 do fields[#fields + 1] = p .. b end
     local vals = redis.call('HMGET', key, unpack(fields))
     local del = {}
     for j = 1, #fields do
@@ -158,50 +174,32 @@ local function win_load(key, cur, nb)
       end
     end
     if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-    if total <= 0 then
-      redis.call('DEL', key)
-      return 0, nil, 0
-    end
-    o = lo
-    while o < cur and redis.call('HEXISTS', key, o) == 0 do o = o + 1 end
-    redis.call('HSET', key, 't', total, 'o', o)
+    if total <= 0 then return win_rebuild(key, p, lo, cur) end
+    oldest = lo
+    while oldest < cur and redis.call('HEXISTS', key, p .. oldest) == 0 do oldest = oldest + 1 end
+    redis.call('HSET', key, p .. 't', total, p .. 'o', oldest)
   end
-  if total <= 0 then
-    redis.call('DEL', key)
-    return 0, nil, 0
-  end
-  return total, o, curv
+  if total <= 0 then return win_rebuild(key, p, lo, cur) end
+  return total, oldest, tonumber(c) or 0
 end
 
--- win_add_loaded adds amount (> 0) to bucket cur of a window just read by
--- win_load (total, oldest, curv as it returned them): one HSET.
-local function win_add_loaded(key, cur, amount, ttl_ms, total, oldest, curv)
-  if amount <= 0 then return end
-  if oldest == nil or cur < oldest then
-    redis.call('HSET', key, cur, curv + amount, 't', total + amount, 'o', cur)
-  else
-    redis.call('HSET', key, cur, curv + amount, 't', total + amount)
-  end
-  if curv == 0 then redis.call('PEXPIRE', key, ttl_ms) end
-end
-
--- win_wait returns the milliseconds until a window holding total (oldest
--- live bucket oldest) can take cost more under limit: until enough of the
+-- win_wait returns the milliseconds until window p (total, oldest live
+-- bucket oldest) can take cost more under limit: until enough of the
 -- oldest buckets have left. -1 when cost alone exceeds limit (never
 -- admissible). Only rejections call it (one HMGET of the live buckets).
-local function win_wait(key, oldest, cur, total, cost, limit, nb, bms, now)
+local function win_wait(key, p, oldest, cur, total, cost, limit, nb, bms, now)
   if cost > limit then return -1 end
   local need = total + cost - limit
   if need <= 0 then return 0 end
   if oldest == nil then return (nb + 1) * bms end
   local fields = {}
-  for b = oldest, cur do fields[#fields + 1] = b end
+  for b = oldest, cur do fields[#fields + 1] = p .. b end
   local vals = redis.call('HMGET', key, unpack(fields))
   for j = 1, #fields do
     if vals[j] then
       need = need - tonumber(vals[j])
       if need <= 0 then
-        local w = (fields[j] + nb + 1) * bms - now
+        local w = (oldest + j - 1 + nb + 1) * bms - now
         if w < 1 then w = 1 end
         return w
       end
@@ -210,32 +208,60 @@ local function win_wait(key, oldest, cur, total, cost, limit, nb, bms, now)
   return (nb + 1) * bms
 end
 
--- win_add adds amount to bucket b (a bucket reaching 0 or less is removed),
--- keeps 't' true and 'o' a lower bound, and keeps the hash alive for one
--- window past its newest bucket.
-local function win_add(key, b, amount, ttl_ms)
-  if amount == 0 then return end
-  local v = redis.call('HINCRBY', key, b, amount)
+-- win_apply adds amount (either sign) to bucket b of window p, whose
+-- bucket, total and oldest fields were read as vb, vt, vo: the fields to
+-- write are appended to set (field, value pairs) and a bucket reaching 0 or
+-- less to del. Returns true when it creates a bucket (the hash must then
+-- outlive it).
+local function win_apply(set, del, p, b, amount, vb, vt, vo)
+  if amount == 0 then return false end
+  local old = tonumber(vb) or 0
+  local nb_ = old + amount
   local applied = amount
-  if v <= 0 then
-    redis.call('HDEL', key, b)
-    applied = amount - v
+  if nb_ <= 0 then
+    applied = -old
+    nb_ = nil
   end
-  if applied ~= 0 then redis.call('HINCRBY', key, 't', applied) end
-  if v > 0 and v == amount then
-    -- A new bucket: it may be the oldest, and the hash must outlive it.
-    -- (An existing bucket is covered by the expiry set when the newest
-    -- bucket was created.)
-    local o = redis.call('HGET', key, 'o')
-    if not o or b < tonumber(o) then redis.call('HSET', key, 'o', b) end
-    redis.call('PEXPIRE', key, ttl_ms)
+  if applied == 0 then return false end
+  if nb_ then
+    set[#set + 1] = p .. b
+    set[#set + 1] = nb_
+  else
+    del[#del + 1] = p .. b
+  end
+  set[#set + 1] = p .. 't'
+  set[#set + 1] = (tonumber(vt) or 0) + applied
+  if nb_ and (not vo or b < tonumber(vo)) then
+    set[#set + 1] = p .. 'o'
+    set[#set + 1] = b
+  end
+  return nb_ ~= nil and old == 0
+end
+
+-- state_expiry keeps a scope's state hash alive after a write that created
+-- fields (a bucket, 'lx'): until an hour after the end (wend, Unix s) of
+-- its budget window when the scope has a budget, else one rate window
+-- (rate_ttl ms) when it has rate limits, else three lease TTLs.
+local function state_expiry(key, has_budget, wend, has_rate, rate_ttl, lease_ttl)
+  if has_budget then
+    redis.call('EXPIREAT', key, wend + 3600)
+  elseif has_rate then
+    redis.call('PEXPIRE', key, rate_ttl)
+  else
+    redis.call('PEXPIRE', key, 3 * lease_ttl)
   end
 end
 
--- record_get reads the request record hash into a table (empty when missing).
-local function record_get()
-  local raw = redis.call('HGETALL', KEYS[2])
-  local rec = {}
-  for j = 1, #raw, 2 do rec[raw[j]] = raw[j + 1] end
+-- record_parse reads the request record: "done" once settled, else
+-- "<est> <cost> <bucket> <w1> .. <wn>" (w_i the budget window index the
+-- admission reserved in for scope i, '-' for none). Returns nil when
+-- missing, {done = true} when settled, else a table.
+local function record_parse(raw)
+  if not raw then return nil end
+  if raw == 'done' then return { done = true } end
+  local t = {}
+  for tok in string.gmatch(raw, '%S+') do t[#t + 1] = tok end
+  local rec = { est = tonumber(t[1]), cost = tonumber(t[2]), b = tonumber(t[3]), w = {} }
+  for j = 4, #t do rec.w[j - 3] = t[j] end
   return rec
 end

@@ -1,7 +1,7 @@
 -- renew.lua: extend the leases of a live request, or re-assert its whole
 -- admission after the org's Redis state was lost.
 --
--- KEYS: layout of common.lua (epoch, record, then 4 keys per scope).
+-- KEYS: layout of common.lua (epoch, record, then 2 keys per scope).
 -- ARGV:
 --   1 request id   2 estimated tokens   3 reserved cost (micro-USD)
 --   4 lease TTL ms 5 record TTL ms      6 rate window ms   7 bucket ms
@@ -26,41 +26,69 @@ local window_ms = tonumber(ARGV[6])
 local bms = tonumber(ARGV[7])
 local n = tonumber(ARGV[8])
 local cur = math.floor(now / bms)
+local now_s = math.floor(now / 1000)
+local rate_ttl = window_ms + 2 * bms
 
 local epoch = ensure_epoch(now)
-local rec = record_get()
-if rec['done'] then
+local rec = record_parse(redis.call('GET', KEYS[2]))
+if rec and rec.done then
   return { 0, epoch }
 end
-local state = 1
-local newrec = nil
-if not rec['est'] then
-  state = 2
-  newrec = { 'est', est, 'cost', cost, 'b', cur }
-end
+local reassert = rec == nil
+local newrec = { est, cost, cur }
 for i = 1, n do
   local a = 8 + 6 * (i - 1)
   if ARGV[a + 2] == '1' then
-    local pk = scope_key(i, 3)
+    -- Three lease TTLs, as admit.lua: an expiry never earlier than the
+    -- one its 'lx' promises.
+    local pk = zkey(i)
     redis.call('ZADD', pk, now + lease_ttl, rid)
-    redis.call('PEXPIRE', pk, 2 * lease_ttl)
+    redis.call('PEXPIRE', pk, 3 * lease_ttl)
   end
-  if state == 2 then
-    if ARGV[a + 1] == '1' then
-      win_add(scope_key(i, 2), cur, est, window_ms + 2 * bms)
-    end
+  if reassert then
     local unit = ARGV[a + 3]
-    if unit ~= '-' then
-      local idx, ws, we = budget_window(unit, tonumber(ARGV[a + 4]), math.floor(now / 1000))
-      budget_load(scope_key(i, 4), idx, ws, we, tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]))
-      redis.call('HINCRBY', scope_key(i, 4), 's', cost)
-      newrec[#newrec + 1] = 'w' .. i
-      newrec[#newrec + 1] = idx
+    local has_tpm = ARGV[a + 1] == '1' and est > 0
+    if has_tpm or unit ~= '-' then
+      local hk = hkey(i)
+      local v = redis.call('HMGET', hk, 'kt', 'ko', 'k' .. cur, 'bw', 'bs')
+      local set, del, created = {}, {}, false
+      if has_tpm then created = win_apply(set, del, 'k', cur, est, v[3], v[1], v[2]) end
+      local we = 0
+      if unit ~= '-' then
+        local bn = tonumber(ARGV[a + 4])
+        local idx, ws, wend = budget_window(unit, bn, now_s)
+        we = wend
+        local id = bw_id(unit, bn, idx)
+        local spend
+        if v[4] == id then
+          spend = (tonumber(v[5]) or 0) + cost
+        else
+          spend = budget_start(tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), ws) + cost
+          set[#set + 1] = 'bw'
+          set[#set + 1] = id
+          created = true
+        end
+        set[#set + 1] = 'bs'
+        set[#set + 1] = spend
+        newrec[#newrec + 1] = idx
+      else
+        newrec[#newrec + 1] = '-'
+      end
+      if created and has_tpm then
+        set[#set + 1] = '_'
+        set[#set + 1] = HASHTABLE_PAD
+      end
+      if #set > 0 then redis.call('HSET', hk, unpack(set)) end
+      if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+      if created then state_expiry(hk, unit ~= '-', we, true, rate_ttl, lease_ttl) end
+    else
+      newrec[#newrec + 1] = '-'
     end
   end
 end
-if newrec then
-  redis.call('HSET', KEYS[2], unpack(newrec))
+if reassert then
+  redis.call('SET', KEYS[2], table.concat(newrec, ' '), 'PX', record_ttl)
+  return { 2, epoch }
 end
 redis.call('PEXPIRE', KEYS[2], record_ttl)
-return { state, epoch }
+return { 1, epoch }

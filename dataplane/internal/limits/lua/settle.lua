@@ -1,116 +1,226 @@
--- settle.lua: release a request's leases and reconcile its token estimate
--- and cost reservation with the real usage, exactly once per request id.
+-- settle.lua: settle a batch of requests of one org: release each
+-- request's leases and reconcile its token estimate and cost reservation
+-- with the real usage, exactly once per request id. Scopes shared by
+-- requests of the batch are read once and written once, so a batch costs
+-- little more than one settlement.
 --
--- KEYS: layout of common.lua (epoch, record, then 4 keys per scope).
+-- KEYS: 1 the org's epoch; 2 .. R+1 the requests' records; then 2 keys per
+--   distinct scope s (R+2+2(s-1): state hash, R+3+2(s-1): leases), see
+--   common.lua.
 -- ARGV:
---   1 request id   2 actual tokens   3 actual cost (micro-USD)
---   4 rate window ms   5 bucket ms   6 tombstone TTL ms
---   7 number of scopes n   8 number of alert thresholds m
---   9 .. 8+m alert thresholds (percent of the cap)
---   then 9 values per scope i (base 8 + m + 9(i-1)):
---     has tpm (0/1), has parallel (0/1), budget unit ('-' = none),
---     budget n, cap micro-USD (0 = none), soft budget micro-USD (0 = none),
---     seed micro-USD, seed window start (Unix s; 0 = current),
---     refund rpm (0/1: the request was cancelled, its admission answered
---     as failed; give its request back to the rpm window)
--- Returns {state, epoch, alerts...}: state 0 = already settled (no-op),
---   1 = settled against the admission record,
---   2 = settled without a record (state lost or record expired): leases
---       removed and the actual usage charged in full to the current windows.
---   Then one triple per alert that fired now (each fires once per scope,
---   threshold and budget window): scope (1-based), threshold percent (0 =
---   soft budget), spend micro-USD.
+--   1 rate window ms   2 bucket ms   3 tombstone TTL ms
+--   4 number of requests R   5 number of alert thresholds m
+--   6 .. 5+m alert thresholds (percent of the cap)
+--   then per request: request id, actual tokens, actual cost (micro-USD),
+--     number of its scopes k, then 10 values per scope:
+--       distinct scope index s (1-based), has tpm (0/1), has parallel
+--       (0/1), refund rpm (0/1: the request was cancelled, its admission
+--       answered as failed; give its request back to the rpm window),
+--       budget unit ('-' = none), budget n, cap micro-USD (0 = none), soft
+--       budget micro-USD (0 = none), seed micro-USD, seed window start
+--       (Unix s; 0 = current)
+-- Returns {epoch, then per request: state, number of alerts a, then a
+--   triples}. state 0 = already settled (no-op); 1 = settled against the
+--   admission record; 2 = settled without a record (state lost or record
+--   expired): leases removed and the actual usage charged in full to the
+--   current windows. An alert triple is: the scope's position among the
+--   request's scopes (1-based), threshold percent (0 = soft budget), spend
+--   micro-USD; each fires once per scope, threshold and budget window.
 
 local now = now_ms()
-local rid = ARGV[1]
-local tokens = tonumber(ARGV[2])
-local actual = tonumber(ARGV[3])
-local window_ms = tonumber(ARGV[4])
-local bms = tonumber(ARGV[5])
-local tomb_ttl = tonumber(ARGV[6])
-local n = tonumber(ARGV[7])
-local m = tonumber(ARGV[8])
+local window_ms = tonumber(ARGV[1])
+local bms = tonumber(ARGV[2])
+local tomb_ttl = tonumber(ARGV[3])
+local nreq = tonumber(ARGV[4])
+local m = tonumber(ARGV[5])
 local nb = math.floor(window_ms / bms)
 local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
+local rate_ttl = window_ms + 2 * bms
+local thresholds = {}
+for j = 1, m do thresholds[j] = tonumber(ARGV[5 + j]) end
+
+local function shkey(s) return KEYS[nreq + 2 + 2 * (s - 1)] end
+local function szkey(s) return KEYS[nreq + 3 + 2 * (s - 1)] end
 
 local epoch = ensure_epoch(now)
-local rec = record_get()
-if rec['done'] then
-  return { 0, epoch }
-end
-local has_rec = rec['est'] ~= nil
-local state = 2
-if has_rec then state = 1 end
-local est = tonumber(rec['est'] or 0)
-local reserved = tonumber(rec['cost'] or 0)
-local b = tonumber(rec['b'] or cur)
-local out = { state, epoch }
--- The alert markers of a budget hash: 'a<pct>' per threshold, then 'soft'.
-local markers = {}
-for j = 1, m do markers[j] = 'a' .. ARGV[8 + j] end
-markers[m + 1] = 'soft'
+local raw = redis.call('MGET', unpack(KEYS, 2, nreq + 1))
 
-for i = 1, n do
-  local a = 8 + m + 9 * (i - 1)
-  if ARGV[a + 9] == '1' and has_rec and b >= cur - nb then
-    win_add(scope_key(i, 1), b, -1, window_ms + 2 * bms)
+-- The state of each distinct scope touched: fields read (false = absent),
+-- fields to write, and leases to remove.
+local cache = {}
+local function scope(s)
+  local c = cache[s]
+  if not c then
+    c = { v = {}, dirty = {}, zrem = {}, created = false, rate = false, we = nil }
+    cache[s] = c
   end
-  if ARGV[a + 1] == '1' then
-    local delta = tokens - est
-    if b >= cur - nb then
-      win_add(scope_key(i, 2), b, delta, window_ms + 2 * bms)
-    elseif delta > 0 then
-      win_add(scope_key(i, 2), cur, delta, window_ms + 2 * bms)
-    end
+  return c
+end
+local function load(s, c, fields)
+  local miss = {}
+  for _, f in ipairs(fields) do
+    if c.v[f] == nil then miss[#miss + 1] = f end
   end
-  if ARGV[a + 2] == '1' then
-    redis.call('ZREM', scope_key(i, 3), rid)
+  if #miss == 0 then return end
+  local vals = redis.call('HMGET', shkey(s), unpack(miss))
+  for j, f in ipairs(miss) do c.v[f] = vals[j] or false end
+end
+local function get(c, f)
+  local x = c.v[f]
+  if x == false then return nil end
+  return x
+end
+local function put(c, f, x)
+  if x == nil then x = false end
+  c.v[f] = x
+  c.dirty[f] = true
+end
+-- cwin_apply adds amount (either sign) to bucket b of window p of the
+-- cached state (as win_apply in common.lua).
+local function cwin_apply(c, p, b, amount)
+  if amount == 0 then return end
+  local fb = p .. b
+  local old = tonumber(get(c, fb)) or 0
+  local nv = old + amount
+  local applied = amount
+  if nv <= 0 then
+    applied = -old
+    nv = nil
   end
-  local unit = ARGV[a + 3]
-  if unit ~= '-' then
-    local bk = scope_key(i, 4)
-    local idx, ws, we = budget_window(unit, tonumber(ARGV[a + 4]), now_s)
-    local cap, soft = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-    -- One read for the window, the spend and every alert marker.
-    local v = redis.call('HMGET', bk, 'w', unpack(markers))
-    local held, spend = v[1], 0
-    if has_rec and held and held == rec['w' .. i] then
-      -- The reservation's window is still held: replace it by the real cost.
-      spend = redis.call('HINCRBY', bk, 's', actual - reserved)
-      if spend < 0 then
-        redis.call('HSET', bk, 's', 0)
-        spend = 0
+  if applied == 0 then return end
+  put(c, fb, nv)
+  put(c, p .. 't', (tonumber(get(c, p .. 't')) or 0) + applied)
+  local o = tonumber(get(c, p .. 'o'))
+  if nv and (not o or b < o) then put(c, p .. 'o', b) end
+  if nv and old == 0 then
+    c.created = true
+    c.rate = true
+  end
+end
+
+local out = { epoch }
+local a = 5 + m
+local seen = {} -- request ids settled by this call (a batch may repeat one)
+for r = 1, nreq do
+  local rid, tokens, actual, k = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  a = a + 4
+  local rec = record_parse(raw[r])
+  if seen[rid] or (rec and rec.done) then
+    out[#out + 1] = 0
+    out[#out + 1] = 0
+    a = a + 10 * k
+  else
+    local has_rec = rec ~= nil
+    local state = 2
+    if has_rec then state = 1 end
+    local est, reserved, b = 0, 0, cur
+    if has_rec then est, reserved, b = rec.est, rec.cost, rec.b end
+    local alerts = {}
+    for i = 1, k do
+      local s = tonumber(ARGV[a + 1])
+      local unit = ARGV[a + 5]
+      local refund = ARGV[a + 4] == '1' and has_rec and b >= cur - nb
+      -- The token estimate is replaced by the real count in the
+      -- admission's bucket while it is in the window, else an excess goes
+      -- to the current bucket.
+      local delta, tb = tokens - est, nil
+      if ARGV[a + 2] == '1' and delta ~= 0 then
+        if b >= cur - nb then
+          tb = b
+        elseif delta > 0 then
+          tb = cur
+        end
       end
-    else
-      -- The reservation went with its window (or never existed): charge the
-      -- real cost to the current window (markers of an old window go).
-      budget_load(bk, idx, ws, we, tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8]))
-      spend = redis.call('HINCRBY', bk, 's', actual)
-      v = redis.call('HMGET', bk, 'w', unpack(markers))
-      held = v[1]
-    end
-    if held and tonumber(held) == idx then
-      if cap > 0 then
-        for j = 1, m do
-          local pct = tonumber(ARGV[8 + j])
-          if not v[1 + j] and spend * 100 >= cap * pct and redis.call('HSETNX', bk, 'a' .. pct, 1) == 1 then
-            out[#out + 1] = i
-            out[#out + 1] = pct
-            out[#out + 1] = spend
+      local c = scope(s)
+      if refund or tb or unit ~= '-' then
+        local fields = { 'rt', 'ro', 'r' .. b, 'kt', 'ko', 'k' .. (tb or cur) }
+        if unit ~= '-' then
+          fields[#fields + 1] = 'bw'
+          fields[#fields + 1] = 'bs'
+          for j = 1, m do fields[#fields + 1] = 'ba' .. thresholds[j] end
+          fields[#fields + 1] = 'bsoft'
+        end
+        load(s, c, fields)
+      end
+      if refund then cwin_apply(c, 'r', b, -1) end
+      if tb then cwin_apply(c, 'k', tb, delta) end
+      if unit ~= '-' then
+        local bn = tonumber(ARGV[a + 6])
+        local cap, soft = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+        local idx, ws, we = budget_window(unit, bn, now_s)
+        local id = bw_id(unit, bn, idx)
+        local held, spend = get(c, 'bw'), 0
+        local rw = has_rec and rec.w[i]
+        if rw and rw ~= '-' and held == bw_id(unit, bn, rw) then
+          -- The reservation's window is still held: replace it by the
+          -- real cost.
+          spend = math.max((tonumber(get(c, 'bs')) or 0) + actual - reserved, 0)
+        elseif held == id then
+          -- The reservation went with its window (or never existed):
+          -- charge the real cost to the current window.
+          spend = (tonumber(get(c, 'bs')) or 0) + actual
+        else
+          -- The current window starts now (from its seed).
+          spend = budget_start(tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10]), ws) + actual
+          held = id
+          put(c, 'bw', id)
+          c.created = true
+        end
+        put(c, 'bs', spend)
+        c.we = we
+        if held == id then
+          if cap > 0 then
+            for j = 1, m do
+              local pct = thresholds[j]
+              if get(c, 'ba' .. pct) ~= id and spend * 100 >= cap * pct then
+                put(c, 'ba' .. pct, id)
+                alerts[#alerts + 1] = { i, pct, spend }
+              end
+            end
+          end
+          if soft > 0 and get(c, 'bsoft') ~= id and spend >= soft then
+            put(c, 'bsoft', id)
+            alerts[#alerts + 1] = { i, 0, spend }
           end
         end
       end
-      if soft > 0 and not v[2 + m] and spend >= soft and redis.call('HSETNX', bk, 'soft', 1) == 1 then
-        out[#out + 1] = i
-        out[#out + 1] = 0
-        out[#out + 1] = spend
-      end
+      if ARGV[a + 3] == '1' then c.zrem[#c.zrem + 1] = rid end
+      a = a + 10
+    end
+    -- The tombstone: a settled request id is remembered until it expires.
+    redis.call('SET', KEYS[1 + r], 'done', 'PX', tomb_ttl)
+    seen[rid] = true
+    out[#out + 1] = state
+    out[#out + 1] = #alerts
+    for _, x in ipairs(alerts) do
+      out[#out + 1] = x[1]
+      out[#out + 1] = x[2]
+      out[#out + 1] = x[3]
     end
   end
 end
 
--- The tombstone: the record's fields stay (a few bytes) until it expires.
-redis.call('HSET', KEYS[2], 'done', 1)
-redis.call('PEXPIRE', KEYS[2], tomb_ttl)
+-- Write back each scope once.
+for s, c in pairs(cache) do
+  local hk = shkey(s)
+  local set, del = {}, {}
+  for f in pairs(c.dirty) do
+    local x = c.v[f]
+    if x == false then
+      del[#del + 1] = f
+    else
+      set[#set + 1] = f
+      set[#set + 1] = x
+    end
+  end
+  if c.created and c.rate then
+    set[#set + 1] = '_'
+    set[#set + 1] = HASHTABLE_PAD
+  end
+  if #set > 0 then redis.call('HSET', hk, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+  if c.created then state_expiry(hk, c.we ~= nil, c.we or 0, true, rate_ttl, 0) end
+  if #c.zrem > 0 then redis.call('ZREM', szkey(s), unpack(c.zrem)) end
+end
 return out
