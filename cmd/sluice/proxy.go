@@ -35,7 +35,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	timeout := fs.Duration("request-timeout", defTimeout, "total deadline of one OpenAI request across all attempts, streaming included (SLUICE_REQUEST_TIMEOUT)")
 	retries := fs.Int("max-retries", dataplane.DefaultMaxRetries, "other deployments a request may try after a connect error or 502/503/504 before the first byte (0: none)")
 	redisURL := fs.String("redis-url", envOr(getenv, "SLUICE_REDIS_URL", dataplane.DefaultRedisURL),
-		"limits store, redis://[:password@]host:port/db or rediss:// (SLUICE_REDIS_URL)")
+		"limits store, redis://[user:password@]host:port/db, rediss:// or unix:///path?db=n (SLUICE_REDIS_URL)")
 	redisCluster := fs.String("redis-cluster", envOr(getenv, "SLUICE_REDIS_CLUSTER", ""),
 		"comma-separated Redis Cluster seed addresses; replaces --redis-url (SLUICE_REDIS_CLUSTER)")
 	redisPrefix := fs.String("redis-key-prefix", envOr(getenv, "SLUICE_REDIS_KEY_PREFIX", dataplane.DefaultRedisKeyPrefix),
