@@ -8,14 +8,13 @@ package budget
 
 import (
 	"fmt"
-	"regexp"
-	"strconv"
 	"time"
 )
 
-// windowPattern matches the budget windows the admin API accepts
-// (controlplane/internal/admin.ParseBudgetDuration).
-var windowPattern = regexp.MustCompile(`^([1-9][0-9]{0,3})(h|d|mo)$`)
+// ParseWindow accepts what the admin API accepts
+// (controlplane/internal/admin.ParseBudgetDuration): ^([1-9][0-9]{0,3})(h|d|mo)$.
+// It is on the request path (every budgeted scope of every request), so
+// it is parsed by hand rather than by a regular expression.
 
 // Unit is a parsed budget window: N units of "h", "d" or "mo".
 type Unit struct {
@@ -25,12 +24,24 @@ type Unit struct {
 
 // ParseWindow parses a budget window string ("<n>h", "<n>d", "<n>mo").
 func ParseWindow(s string) (Unit, error) {
-	m := windowPattern.FindStringSubmatch(s)
-	if m == nil {
+	i := 0
+	var n int64
+	for i < len(s) && i < 4 && s[i] >= '0' && s[i] <= '9' {
+		n = n*10 + int64(s[i]-'0')
+		i++
+	}
+	if i == 0 || s[0] == '0' {
 		return Unit{}, fmt.Errorf("budget window %q: want <n>h, <n>d or <n>mo", s)
 	}
-	n, _ := strconv.ParseInt(m[1], 10, 64)
-	return Unit{Unit: m[2], N: n}, nil
+	switch s[i:] {
+	case "h":
+		return Unit{Unit: "h", N: n}, nil
+	case "d":
+		return Unit{Unit: "d", N: n}, nil
+	case "mo":
+		return Unit{Unit: "mo", N: n}, nil
+	}
+	return Unit{}, fmt.Errorf("budget window %q: want <n>h, <n>d or <n>mo", s)
 }
 
 // Window returns the budget window of the given length ("<n>h", "<n>d",

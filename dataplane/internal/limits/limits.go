@@ -458,24 +458,41 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		orgID: req.OrgID, requestID: req.RequestID, keys: keys,
 		scopes: append([]Scope(nil), req.Scopes...), est: req.EstTokens, reserved: req.MaxCostMicros,
 	}
-	args := make([]any, 0, 11+8*len(req.Scopes))
-	args = append(args, req.RequestID, req.EstTokens, req.MaxCostMicros, ms(l.cfg.LeaseTTL),
-		ms(l.cfg.Quarantine), ms(l.cfg.RecordTTL), ms(l.cfg.ParallelRetryMax),
-		ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), 0, len(req.Scopes))
-	for i, s := range req.Scopes {
-		unit, n, budgetCap, seed, seedStart := "-", int64(0), int64(0), int64(0), int64(0)
-		if s.Budget != nil {
-			unit, n, budgetCap = units[i].Unit, units[i].N, s.Budget.CapMicros
-			seed, seedStart = s.Budget.SeedMicros, s.Budget.SeedWindowStart
+	for _, s := range req.Scopes {
+		if s.Budget != nil || s.TPM > 0 || s.MaxParallel > 0 {
 			lease.needs = true
 		}
-		if s.TPM > 0 || s.MaxParallel > 0 {
-			lease.needs = true
-		}
-		args = append(args, s.RPM, s.TPM, s.MaxParallel, budgetCap, unit, n, seed, seedStart)
 	}
-	if lease.needs {
-		args[9] = 1
+	args := newArgv()
+	defer args.release()
+	args.str(req.RequestID)
+	args.int(req.EstTokens)
+	args.int(req.MaxCostMicros)
+	args.int(ms(l.cfg.LeaseTTL))
+	args.int(ms(l.cfg.Quarantine))
+	args.int(ms(l.cfg.RecordTTL))
+	args.int(ms(l.cfg.ParallelRetryMax))
+	args.int(ms(l.cfg.rateWindow))
+	args.int(ms(l.cfg.rateBucket))
+	args.bool(lease.needs)
+	args.int(int64(len(req.Scopes)))
+	for i, s := range req.Scopes {
+		args.int(s.RPM)
+		args.int(s.TPM)
+		args.int(s.MaxParallel)
+		if s.Budget != nil {
+			args.int(s.Budget.CapMicros)
+			args.str(units[i].Unit)
+			args.int(units[i].N)
+			args.int(s.Budget.SeedMicros)
+			args.int(s.Budget.SeedWindowStart)
+		} else {
+			args.int(0)
+			args.str("-")
+			args.int(0)
+			args.int(0)
+			args.int(0)
+		}
 	}
 	vals, err := l.run(ctx, admitScript, "admit", keys, args)
 	if err != nil {
@@ -552,12 +569,20 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	if !lease.needs {
 		return RenewExtended, nil
 	}
-	args := make([]any, 0, 8+6*len(lease.scopes))
-	args = append(args, lease.requestID, lease.est, lease.reserved, ms(l.cfg.LeaseTTL),
-		ms(l.cfg.RecordTTL), ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), len(lease.scopes))
+	args := newArgv()
+	defer args.release()
+	args.str(lease.requestID)
+	args.int(lease.est)
+	args.int(lease.reserved)
+	args.int(ms(l.cfg.LeaseTTL))
+	args.int(ms(l.cfg.RecordTTL))
+	args.int(ms(l.cfg.rateWindow))
+	args.int(ms(l.cfg.rateBucket))
+	args.int(int64(len(lease.scopes)))
 	for _, s := range lease.scopes {
-		args = append(args, boolArg(s.TPM > 0), boolArg(s.MaxParallel > 0))
-		args = appendBudgetArgs(args, s.Budget, false)
+		args.bool(s.TPM > 0)
+		args.bool(s.MaxParallel > 0)
+		budgetArgs(args, s.Budget, false)
 	}
 	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
 	if err != nil {
@@ -643,6 +668,9 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+n/16))
 	defer cancel()
 	vals, verrs := l.store.evalBatch(cctx, settleScript, calls)
+	for _, c := range calls {
+		c.args.release()
+	}
 	for g, idx := range groups {
 		err := verrs[g]
 		var gres []SettleResult
@@ -671,16 +699,23 @@ func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
 	for _, i := range idx {
 		keys = append(keys, items[i].Lease.keys[1])
 	}
-	args := make([]any, 0, 5+len(th)+len(idx)*(4+10*len(first.scopes)))
-	args = append(args, ms(l.cfg.rateWindow), ms(l.cfg.rateBucket), ms(tombstoneTTL), len(idx), len(th))
+	args := newArgv()
+	args.int(ms(l.cfg.rateWindow))
+	args.int(ms(l.cfg.rateBucket))
+	args.int(ms(tombstoneTTL))
+	args.int(int64(len(idx)))
+	args.int(int64(len(th)))
 	for _, p := range th {
-		args = append(args, p)
+		args.int(p)
 	}
-	distinct := map[string]int{}
+	distinct := make(map[string]int, len(first.scopes))
 	for _, i := range idx {
 		it := items[i]
 		lease := it.Lease
-		args = append(args, lease.requestID, max(it.Tokens, 0), max(it.CostMicros, 0), len(lease.scopes))
+		args.str(lease.requestID)
+		args.int(max(it.Tokens, 0))
+		args.int(max(it.CostMicros, 0))
+		args.int(int64(len(lease.scopes)))
 		for j, sc := range lease.scopes {
 			hk := lease.keys[2+keysPerScope*j]
 			d, ok := distinct[hk]
@@ -689,8 +724,11 @@ func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
 				d = len(distinct) + 1
 				distinct[hk] = d
 			}
-			args = append(args, d, boolArg(sc.TPM > 0), boolArg(sc.MaxParallel > 0), boolArg(it.Cancel && sc.RPM > 0))
-			args = appendBudgetArgs(args, sc.Budget, true)
+			args.int(int64(d))
+			args.bool(sc.TPM > 0)
+			args.bool(sc.MaxParallel > 0)
+			args.bool(it.Cancel && sc.RPM > 0)
+			budgetArgs(args, sc.Budget, true)
 		}
 	}
 	return scriptCall{keys: keys, args: args}
@@ -743,32 +781,34 @@ func int64s(raw []any) ([]int64, error) {
 	return out, nil
 }
 
-// appendBudgetArgs appends a scope's budget ARGV for renew.lua (unit, n,
-// seed, seed start) or settle.lua (unit, n, cap, soft, seed, seed start).
-func appendBudgetArgs(args []any, b *Budget, withCaps bool) []any {
+// budgetArgs appends a scope's budget ARGV for renew.lua (unit, n, seed,
+// seed start) or settle.lua (unit, n, cap, soft, seed, seed start).
+func budgetArgs(a *argv, b *Budget, withCaps bool) {
 	if b == nil {
+		a.str("-")
+		a.int(0)
 		if withCaps {
-			return append(args, "-", 0, 0, 0, 0, 0)
+			a.int(0)
+			a.int(0)
 		}
-		return append(args, "-", 0, 0, 0)
+		a.int(0)
+		a.int(0)
+		return
 	}
 	u, _ := budget.ParseWindow(b.Window) // validated by Admit
+	a.str(u.Unit)
+	a.int(u.N)
 	if withCaps {
-		return append(args, u.Unit, u.N, b.CapMicros, b.SoftMicros, b.SeedMicros, b.SeedWindowStart)
+		a.int(b.CapMicros)
+		a.int(b.SoftMicros)
 	}
-	return append(args, u.Unit, u.N, b.SeedMicros, b.SeedWindowStart)
-}
-
-func boolArg(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	a.int(b.SeedMicros)
+	a.int(b.SeedWindowStart)
 }
 
 // run runs a script under the per-call timeout and returns its integer
 // array; every failure is ErrUnavailable.
-func (l *Limiter) run(ctx context.Context, s *script, op string, keys []string, args []any) ([]int64, error) {
+func (l *Limiter) run(ctx context.Context, s *script, op string, keys []string, args *argv) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
 	defer cancel()
 	out, err := l.store.eval(ctx, s, scriptCall{keys: keys, args: args})

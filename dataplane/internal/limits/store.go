@@ -1,8 +1,11 @@
 package limits
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strconv"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,10 +22,56 @@ func newScript(src string) *script { return &script{src: src, rs: redis.NewScrip
 
 func (s *script) sha() string { return s.rs.Hash() }
 
-// scriptCall is one call of a script in a batch.
+// scriptCall is one call of a script.
 type scriptCall struct {
 	keys []string
-	args []any
+	args *argv
+}
+
+// argv is a script call's ARGV, encoded as RESP bulk strings as it is
+// built: no boxing of integers, no intermediate strings. Buffers are
+// pooled (release after the call).
+type argv struct {
+	b []byte
+	n int
+}
+
+var argvPool = sync.Pool{New: func() any { return &argv{b: make([]byte, 0, 1024)} }}
+
+func newArgv() *argv { return argvPool.Get().(*argv) }
+
+func (a *argv) release() {
+	if cap(a.b) <= 64<<10 {
+		a.b, a.n = a.b[:0], 0
+		argvPool.Put(a)
+	}
+}
+
+func (a *argv) int(v int64) { a.b = redispipe.AppendBulkInt(a.b, v); a.n++ }
+
+func (a *argv) str(v string) { a.b = redispipe.AppendBulk(a.b, v); a.n++ }
+
+func (a *argv) bool(v bool) {
+	if v {
+		a.int(1)
+	} else {
+		a.int(0)
+	}
+}
+
+// strings decodes the arguments (for go-redis, off the single-Redis hot
+// path).
+func (a *argv) strings() []any {
+	out := make([]any, 0, a.n)
+	b := a.b
+	for len(b) > 0 {
+		// "$<len>\r\n<data>\r\n"
+		i := bytes.IndexByte(b, '\r')
+		n, _ := strconv.Atoi(string(b[1:i]))
+		out = append(out, string(b[i+2:i+2+n]))
+		b = b[i+2+n+2:]
+	}
+	return out
 }
 
 // store is the Redis the limiter runs its scripts on: the pipelining client
@@ -45,7 +94,7 @@ type store interface {
 type goRedisStore struct{ c redis.Scripter }
 
 func (g goRedisStore) eval(ctx context.Context, s *script, c scriptCall) ([]int64, error) {
-	raw, err := s.rs.Run(ctx, g.c, c.keys, c.args...).Slice()
+	raw, err := s.rs.Run(ctx, g.c, c.keys, c.args.strings()...).Slice()
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +114,7 @@ func (g goRedisStore) evalBatch(ctx context.Context, s *script, calls []scriptCa
 	pipe := pl.Pipeline()
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = s.rs.EvalSha(ctx, pipe, c.keys, c.args...)
+		cmds[i] = s.rs.EvalSha(ctx, pipe, c.keys, c.args.strings()...)
 	}
 	_, _ = pipe.Exec(ctx)
 	for i, cmd := range cmds {
@@ -95,9 +144,9 @@ func (g goRedisStore) setNX(ctx context.Context, key string, v int64) error {
 type pipeStore struct{ c *redispipe.Client }
 
 func (p pipeStore) eval(ctx context.Context, s *script, c scriptCall) ([]int64, error) {
-	v, err := p.c.EvalSha(ctx, s.sha(), c.keys, c.args)
+	v, err := p.c.EvalSha(ctx, s.sha(), c.keys, c.args.b, c.args.n)
 	if err != nil && redispipe.HasPrefix(err, "NOSCRIPT") {
-		v, err = p.c.Eval(ctx, s.src, c.keys, c.args)
+		v, err = p.c.Eval(ctx, s.src, c.keys, c.args.b, c.args.n)
 	}
 	if err != nil {
 		return nil, err
@@ -108,7 +157,7 @@ func (p pipeStore) eval(ctx context.Context, s *script, c scriptCall) ([]int64, 
 func (p pipeStore) evalBatch(ctx context.Context, s *script, calls []scriptCall) ([][]int64, []error) {
 	cmds := make([]redispipe.Cmd, len(calls))
 	for i, c := range calls {
-		cmds[i] = redispipe.EvalShaCmd(s.sha(), c.keys, c.args)
+		cmds[i] = redispipe.EvalShaCmd(s.sha(), c.keys, c.args.b, c.args.n)
 	}
 	vals, errs := p.c.DoMulti(ctx, cmds)
 	res := make([][]int64, len(calls))

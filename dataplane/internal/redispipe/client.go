@@ -165,11 +165,16 @@ func (c *Client) Close() error {
 }
 
 // Cmd is one command: Head (command name and leading arguments), then
-// Keys, then Args (string, []byte, int, int64, int32, uint32 or bool).
+// Keys, then Args (string, []byte, int, int64, int32, uint32 or bool),
+// then RawN arguments already encoded as RESP bulk strings in Raw
+// (AppendBulk, AppendBulkInt: no boxing on hot paths). Raw is copied when
+// the command is queued.
 type Cmd struct {
 	Head []string
 	Keys []string
 	Args []any
+	Raw  []byte
+	RawN int
 }
 
 // Do runs one command.
@@ -177,26 +182,26 @@ func (c *Client) Do(ctx context.Context, args ...any) (Value, error) {
 	return c.do(ctx, Cmd{Args: args})
 }
 
-// EvalSha runs EVALSHA sha with keys and args.
-func (c *Client) EvalSha(ctx context.Context, sha string, keys []string, args []any) (Value, error) {
-	return c.do(ctx, Cmd{Head: []string{"EVALSHA", sha, strconv.Itoa(len(keys))}, Keys: keys, Args: args})
+// EvalSha runs EVALSHA sha with keys and the rawN arguments encoded in raw.
+func (c *Client) EvalSha(ctx context.Context, sha string, keys []string, raw []byte, rawN int) (Value, error) {
+	return c.do(ctx, EvalShaCmd(sha, keys, raw, rawN))
 }
 
-// Eval runs EVAL src with keys and args (it also loads the script, so later
-// EVALSHA calls find it).
-func (c *Client) Eval(ctx context.Context, src string, keys []string, args []any) (Value, error) {
-	return c.do(ctx, Cmd{Head: []string{"EVAL", src, strconv.Itoa(len(keys))}, Keys: keys, Args: args})
+// Eval runs EVAL src with keys and the rawN arguments encoded in raw (it
+// also loads the script, so later EVALSHA calls find it).
+func (c *Client) Eval(ctx context.Context, src string, keys []string, raw []byte, rawN int) (Value, error) {
+	return c.do(ctx, Cmd{Head: []string{"EVAL", src, strconv.Itoa(len(keys))}, Keys: keys, Raw: raw, RawN: rawN})
 }
 
 // EvalShaCmd builds the Cmd of an EVALSHA, for DoMulti.
-func EvalShaCmd(sha string, keys []string, args []any) Cmd {
-	return Cmd{Head: []string{"EVALSHA", sha, strconv.Itoa(len(keys))}, Keys: keys, Args: args}
+func EvalShaCmd(sha string, keys []string, raw []byte, rawN int) Cmd {
+	return Cmd{Head: []string{"EVALSHA", sha, strconv.Itoa(len(keys))}, Keys: keys, Raw: raw, RawN: rawN}
 }
 
 func (c *Client) do(ctx context.Context, cmd Cmd) (Value, error) {
 	cl := getCall()
 	cn, err := c.send(ctx, []*call{cl}, func(b []byte) ([]byte, error) {
-		return appendCommand(b, cmd.Head, cmd.Keys, cmd.Args)
+		return appendCommand(b, cmd.Head, cmd.Keys, cmd.Args, cmd.Raw, cmd.RawN)
 	})
 	if err != nil {
 		putCall(cl)
@@ -220,7 +225,7 @@ func (c *Client) DoMulti(ctx context.Context, cmds []Cmd) ([]Value, []error) {
 	cn, err := c.send(ctx, cls, func(b []byte) ([]byte, error) {
 		var err error
 		for _, cmd := range cmds {
-			if b, err = appendCommand(b, cmd.Head, cmd.Keys, cmd.Args); err != nil {
+			if b, err = appendCommand(b, cmd.Head, cmd.Keys, cmd.Args, cmd.Raw, cmd.RawN); err != nil {
 				return b, err
 			}
 		}
@@ -359,7 +364,7 @@ func (c *Client) setup(ctx context.Context, nc net.Conn, br *bufio.Reader) error
 	var b []byte
 	for _, cmd := range cmds {
 		var err error
-		if b, err = appendCommand(b, nil, nil, cmd); err != nil {
+		if b, err = appendCommand(b, nil, nil, cmd, nil, 0); err != nil {
 			return err
 		}
 	}

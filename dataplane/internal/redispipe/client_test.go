@@ -79,7 +79,7 @@ func TestCommandsAndReplies(t *testing.T) {
 	require.Equal(t, int64(1), v.Int)
 
 	// Nested arrays and an error inside an array.
-	v, err = c.Eval(ctx, "return {1, {2, 'x'}, redis.error_reply('BAD thing')}", nil, nil)
+	v, err = c.Eval(ctx, "return {1, {2, 'x'}, redis.error_reply('BAD thing')}", nil, nil, 0)
 	require.NoError(t, err)
 	require.Equal(t, Value{Kind: '*', Arr: []Value{
 		{Kind: ':', Int: 1},
@@ -103,14 +103,15 @@ func TestEvalShaAndNoScript(t *testing.T) {
 	src := "return {redis.call('INCRBY', KEYS[1], ARGV[1]), tonumber(ARGV[2])} -- " + p
 	sha := redis.NewScript(src).Hash()
 
-	_, err := c.EvalSha(ctx, sha, []string{p + "k"}, []any{5, int64(9)})
+	raw := func(a string, b int64) []byte { return AppendBulkInt(AppendBulk(nil, a), b) }
+	_, err := c.EvalSha(ctx, sha, []string{p + "k"}, raw("5", 9), 2)
 	require.True(t, HasPrefix(err, "NOSCRIPT"), "%v", err)
-	v, err := c.Eval(ctx, src, []string{p + "k"}, []any{5, int64(9)})
+	v, err := c.Eval(ctx, src, []string{p + "k"}, raw("5", 9), 2)
 	require.NoError(t, err)
 	got, err := v.Int64s()
 	require.NoError(t, err)
 	require.Equal(t, []int64{5, 9}, got)
-	v, err = c.EvalSha(ctx, sha, []string{p + "k"}, []any{2, 0})
+	v, err = c.EvalSha(ctx, sha, []string{p + "k"}, raw("2", 0), 2)
 	require.NoError(t, err)
 	got, err = v.Int64s()
 	require.NoError(t, err)

@@ -129,8 +129,7 @@ func readValue(r *bufio.Reader, depth int) (Value, error) {
 		arr := make([]Value, n)
 		for i := range arr {
 			v, err := readValue(r, depth+1)
-			var re Error
-			if errors.As(err, &re) {
+			if re, ok := err.(Error); ok {
 				// An error inside an array (e.g. EXEC): keep reading so the
 				// stream stays in sync, and report the first one.
 				arr[i] = Value{Kind: '-', Str: string(re)}
@@ -204,12 +203,13 @@ func parseInt(b []byte) (int64, error) {
 	return n, nil
 }
 
-// appendCommand appends one command in RESP2 (an array of bulk strings).
-// head are leading string arguments, keys the KEYS, args the remaining
-// arguments (string, []byte, int, int64, int32, uint32, bool as 0/1).
-func appendCommand(b []byte, head []string, keys []string, args []any) ([]byte, error) {
+// appendCommand appends one command in RESP2 (an array of bulk strings):
+// head (leading string arguments), keys, args (string, []byte, int,
+// int64, int32, uint32, bool as 0/1), then rawN arguments already encoded
+// in raw.
+func appendCommand(b []byte, head []string, keys []string, args []any, raw []byte, rawN int) ([]byte, error) {
 	b = append(b, '*')
-	b = strconv.AppendInt(b, int64(len(head)+len(keys)+len(args)), 10)
+	b = strconv.AppendInt(b, int64(len(head)+len(keys)+len(args)+rawN), 10)
 	b = append(b, '\r', '\n')
 	for _, s := range head {
 		b = appendBulk(b, s)
@@ -241,8 +241,14 @@ func appendCommand(b []byte, head []string, keys []string, args []any) ([]byte, 
 			return b, fmt.Errorf("redispipe: argument %d has unsupported type %T", i, a)
 		}
 	}
-	return b, nil
+	return append(b, raw...), nil
 }
+
+// AppendBulk appends s as a RESP bulk string (an argument of Cmd.Raw).
+func AppendBulk(b []byte, s string) []byte { return appendBulk(b, s) }
+
+// AppendBulkInt appends n as a RESP bulk string (an argument of Cmd.Raw).
+func AppendBulkInt(b []byte, n int64) []byte { return appendBulkInt(b, n) }
 
 func appendBulk(b []byte, s string) []byte {
 	b = append(b, '$')
