@@ -51,7 +51,7 @@ import (
 // command the proxy sent is attributed to a request id and a script by
 // its SHA. TestLimitsOneRoundTrip runs the audit in the normal test run;
 // BenchmarkLimitsOverhead runs it on more requests, then, once the limited
-// key's rate windows are full (llTrickle), measures throughput at c=32 and
+// key's rate windows are full (llTrickle), measures throughput at c=64 and
 // p50 at c=1 with limits off and on, interleaved, and reports the on/off
 // throughput ratio (target ≥ 0.8) and the added p50:
 //
@@ -64,9 +64,14 @@ import (
 // normal priority (it is on the request path).
 
 const (
-	llBenchConcurrency = 32
+	// llBenchConcurrency is the load's concurrency, as in
+	// BenchmarkProxyOverhead: enough that the data plane's core stays
+	// saturated although every limited request waits on a Redis round
+	// trip (at ~6k req/s and ~1 ms per admission, several requests are
+	// always waiting on Redis).
+	llBenchConcurrency = 64
 	llBenchSeq         = 2000            // requests per key at c=1
-	llBenchLoad        = 3 * time.Second // per key at c=32
+	llBenchLoad        = 3 * time.Second // per key at c=64
 	llBenchAudit       = 500             // requests per key in the benchmark's round-trip audit
 )
 
@@ -702,18 +707,18 @@ type llResult struct {
 	p50, p99 time.Duration
 	rps      float64
 	// evalshaPerReq and redisCPUPerReq are Redis's EVALSHA calls and CPU per
-	// request at c=32.
+	// request at c=64.
 	evalshaPerReq float64
-	evalsha       int64 // EVALSHA calls at c=32
-	admitted      int64 // requests answered 200 at c=32
+	evalsha       int64 // EVALSHA calls at c=64
+	admitted      int64 // requests answered 200 at c=64
 	// settleRetries counts settle calls that failed (and were retried).
 	settleRetries int64
 	// redisUsecPerCall is Redis's own execution time per EVALSHA
-	// (INFO commandstats usec / calls) at c=32.
+	// (INFO commandstats usec / calls) at c=64.
 	redisUsecPerCall float64
 	redisCPUPerReq   time.Duration
 	cpuPerReq        time.Duration // the benchmark process (proxy, client, upstream)
-	// cmdsPerWrite is how many commands shared one write to Redis at c=32
+	// cmdsPerWrite is how many commands shared one write to Redis at c=64
 	// (the data plane's pipelining; 0 when it sent none).
 	cmdsPerWrite float64
 	// unavailable counts 503 limits_unavailable answers (not in rps).
@@ -758,7 +763,7 @@ func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) ll
 	ev0, rcpu0, tr0 := rc.evalshaCalls(tb), procCPU(r.redis.cmd.Process.Pid), r.trickled.Load()
 	us0, sf0 := rc.evalshaUsec(tb), llMetric(tb, r.p, `sluice_proxy_limits_unavailable_total{op="settle"}`)
 	cmds0, writes0 := llMetric(tb, r.p, "sluice_limits_store_commands_total"), llMetric(tb, r.p, "sluice_limits_store_writes_total")
-	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=32 phase of the
+	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=64 phase of the
 	// limited key (the data plane, client and upstream of this process).
 	var profiling bool
 	if path := os.Getenv("SLUICE_BENCH_CPUPROFILE"); path != "" && tok == r.on.Token && !r.profiled {
@@ -971,7 +976,8 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		"throughput ratio if only the bench process's CPU counted: %.3f×\n",
 		us(fo.cpuPerReq), us(fn.cpuPerReq), us(fn.cpuPerReq-fo.cpuPerReq), us(fn.redisCPUPerReq), fn.redisUsecPerCall, float64(fo.cpuPerReq)/float64(fn.cpuPerReq))
 	for i := range off {
-		fmt.Fprintf(&sb, "round %d: req/s off %.0f on %.0f (%.3f×); p50 off %s on %s (+%s)\n", i+1, off[i].rps, on[i].rps, on[i].rps/off[i].rps,
+		fmt.Fprintf(&sb, "round %d: req/s off %.0f on %.0f (%.3f×); CPU/req off %s on %s, redis %s; p50 off %s on %s (+%s)\n", i+1, off[i].rps, on[i].rps, on[i].rps/off[i].rps,
+			us(off[i].cpuPerReq), us(on[i].cpuPerReq), us(on[i].redisCPUPerReq),
 			us(off[i].p50), us(on[i].p50), us(on[i].p50-off[i].p50))
 	}
 	b.Log(sb.String())
