@@ -71,8 +71,8 @@ bench-proxy: services
 
 ## bench-limits: limits overhead in one run (docs/limits.md): one data plane, a key without limits vs a key
 ## limited at key, team and org level (windows kept full), a dedicated redis-server; asserts one Redis round trip
-## before forwarding (+ one settle after), reports throughput on/off (target ≥ 0.8) and added p50; 5 interleaved
-## rounds, medians.
+## before forwarding (+ one settle after), reports throughput on/off at c=64 (target ≥ 0.8; the median of the
+## rounds' paired ratios) and added p50; 5 interleaved rounds. SLUICE_BENCH_CPUPROFILE=file profiles a limited phase.
 bench-limits: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/
 
