@@ -47,14 +47,20 @@ func (s *recSink) events() []*usagev1.UsageEvent {
 }
 
 // byID returns the event of a request id (failing if there is not
-// exactly one).
+// exactly one). The event is recorded when the exchange finishes, which
+// may be just after the client read the whole answer: it waits up to 5 s.
 func (s *recSink) byID(t testing.TB, id string) *usagev1.UsageEvent {
 	t.Helper()
 	var out *usagev1.UsageEvent
-	for _, ev := range s.events() {
-		if ev.RequestId == id {
-			require.Nil(t, out, "two usage events for %s", id)
-			out = ev
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		for _, ev := range s.events() {
+			if ev.RequestId == id {
+				require.Nil(t, out, "two usage events for %s", id)
+				out = ev
+			}
+		}
+		if out != nil || time.Now().After(deadline) {
+			break
 		}
 	}
 	require.NotNil(t, out, "no usage event for %s", id)

@@ -651,12 +651,44 @@ func (h *Handler) alert(a limits.BudgetAlert, meta alertMeta) {
 	})
 }
 
-// Drain waits until every pending settlement finished or ctx ends.
+// Drain waits until no settlement is pending or ctx ends.
 func (h *Handler) Drain(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { h.pending.Wait(); close(done) }()
+	return h.pending.wait(ctx)
+}
+
+// pendingCount counts pending settlements. Unlike a sync.WaitGroup it may
+// grow while someone waits (a request finishing during Drain): wait
+// returns the first time the count is zero.
+type pendingCount struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n reaches 0; nil while n is 0
+}
+
+func (p *pendingCount) Add(d int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n == 0 && d > 0 {
+		p.zero = make(chan struct{})
+	}
+	p.n += d
+	if p.n == 0 && p.zero != nil {
+		close(p.zero)
+		p.zero = nil
+	}
+}
+
+func (p *pendingCount) Done() { p.Add(-1) }
+
+func (p *pendingCount) wait(ctx context.Context) error {
+	p.mu.Lock()
+	z := p.zero
+	p.mu.Unlock()
+	if z == nil {
+		return nil
+	}
 	select {
-	case <-done:
+	case <-z:
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

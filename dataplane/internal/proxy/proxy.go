@@ -34,7 +34,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -158,7 +157,7 @@ type Handler struct {
 	defaultMaxOut int64
 	// pending counts settlements not yet done (Drain waits for them);
 	// pendingCancels those cancelling timed-out admissions.
-	pending        sync.WaitGroup
+	pending        pendingCount
 	pendingCancels atomic.Int64
 	// settleQ feeds the settlement worker; settling is set while it runs.
 	settleQ  chan settleJob

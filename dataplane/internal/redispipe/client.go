@@ -44,7 +44,10 @@ const (
 	// replaced (a frozen server, a half-open TCP connection). Callers do
 	// not wait that long: each call ends at its own context deadline.
 	DefaultStaleAfter = time.Second
-	readBufSize       = 32 << 10
+	// DefaultAbortSilentAfter is how long a connection must have been
+	// silent (no reply at all) before a call that gives up aborts it.
+	DefaultAbortSilentAfter = 100 * time.Millisecond
+	readBufSize             = 32 << 10
 	// maxSpare bounds the write buffer kept between writes.
 	maxSpare = 256 << 10
 )
@@ -63,6 +66,12 @@ type Options struct {
 	// calls are spread over them round robin.
 	Conns      int
 	StaleAfter time.Duration
+	// AbortSilentAfter: a call that gives up (its context ended) aborts
+	// its connection when no reply at all arrived on it since the call was
+	// queued and for at least this long (a frozen server); otherwise the
+	// call is only abandoned, so a busy client whose reader ran late does
+	// not fail every call in flight.
+	AbortSilentAfter time.Duration
 }
 
 var (
@@ -137,6 +146,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.StaleAfter <= 0 {
 		opts.StaleAfter = DefaultStaleAfter
+	}
+	if opts.AbortSilentAfter <= 0 {
+		opts.AbortSilentAfter = DefaultAbortSilentAfter
 	}
 	switch {
 	case opts.Conns == 0:
@@ -334,7 +346,8 @@ func (c *Client) dial(ctx context.Context) (*conn, error) {
 		_ = nc.Close()
 		return nil, err
 	}
-	cn := &conn{nc: nc, br: br, wake: make(chan struct{}, 1), dead: make(chan struct{}), stats: &c.stats}
+	cn := &conn{nc: nc, br: br, wake: make(chan struct{}, 1), dead: make(chan struct{}), stats: &c.stats,
+		abortSilent: int64(c.opts.AbortSilentAfter), lastReply: time.Now().UnixNano()}
 	c.stats.dials.Add(1)
 	go cn.readLoop()
 	go cn.writeLoop(c.opts.StaleAfter)
@@ -405,18 +418,20 @@ type conn struct {
 	nc net.Conn
 	br *bufio.Reader
 
-	stats *stats
-	wake  chan struct{} // the writer has something to write (1-buffered)
-	dead  chan struct{} // closed when the connection breaks
+	stats       *stats
+	abortSilent int64         // Options.AbortSilentAfter, ns
+	wake        chan struct{} // the writer has something to write (1-buffered)
+	dead        chan struct{} // closed when the connection breaks
 
-	mu      sync.Mutex
-	wbuf    []byte  // queued commands, not yet written
-	writing bool    // the writer is between taking wbuf and writing it
-	q       []*call // awaiting replies, oldest at qhead
-	qhead   int
-	replies uint64 // replies received
-	err     error
-	broken  atomic.Bool
+	mu        sync.Mutex
+	wbuf      []byte  // queued commands, not yet written
+	writing   bool    // the writer is between taking wbuf and writing it
+	q         []*call // awaiting replies, oldest at qhead
+	qhead     int
+	replies   uint64 // replies received
+	lastReply int64  // when the last reply (or the connection) came, Unix ns
+	err       error
+	broken    atomic.Bool
 }
 
 // enqueue appends the calls' commands and wakes the writer. ok is false
@@ -501,10 +516,11 @@ func (cn *conn) writeLoop(writeTimeout time.Duration) {
 
 // wait returns cl's reply. A call whose context ends first is abandoned
 // (its reply will be dropped); if no reply at all arrived on the
-// connection since the call was queued, the server is treated as down and
-// the connection aborted (see abort), so the commands still queued to it
-// do not run later. (A server that still answers, only late, keeps its
-// connection and the other calls on it.)
+// connection since the call was queued, and none for AbortSilentAfter,
+// the server is treated as down and the connection aborted (see abort), so
+// the commands still queued to it do not run later. (A server that still
+// answers, only late, or a reader that ran late on a busy client, keeps
+// the connection and the other calls on it.)
 func (cn *conn) wait(ctx context.Context, cl *call) (Value, error) {
 	select {
 	case <-cl.done:
@@ -513,8 +529,9 @@ func (cn *conn) wait(ctx context.Context, cl *call) (Value, error) {
 		case <-cl.done:
 		default:
 			err := &ConnError{Err: fmt.Errorf("no reply: %w", ctx.Err())}
+			now := time.Now().UnixNano()
 			cn.mu.Lock()
-			silent := cn.replies == cl.seen
+			silent := cn.replies == cl.seen && now-cn.lastReply >= cn.abortSilent
 			cn.mu.Unlock()
 			if silent {
 				cn.abort(err)
@@ -562,6 +579,7 @@ func (cn *conn) readLoop() {
 		cn.q[cn.qhead] = nil
 		cn.qhead++
 		cn.replies++
+		cn.lastReply = time.Now().UnixNano()
 		switch {
 		case cn.qhead == len(cn.q):
 			cn.q, cn.qhead = cn.q[:0], 0

@@ -310,8 +310,9 @@ func TestAuthOnEveryNewConnection(t *testing.T) {
 }
 
 // A server that stops answering: a call ends at its own deadline with a
-// ConnError (the command may have run) and resets the connection, so the
-// server drops what it has not read; the next call dials again.
+// ConnError (the command may have run) and, the connection having been
+// silent for AbortSilentAfter, resets it, so the server drops what it has
+// not read; the next call dials again.
 func TestFrozenServer(t *testing.T) {
 	f := startFake(t, func(n int64, cmd []string) string {
 		if n == 1 {
@@ -319,7 +320,7 @@ func TestFrozenServer(t *testing.T) {
 		}
 		return "+PONG\r\n"
 	})
-	c := newClient(t, Options{Addr: f.l.Addr().String()})
+	c := newClient(t, Options{Addr: f.l.Addr().String(), AbortSilentAfter: 30 * time.Millisecond})
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	_, err := c.Do(ctx, "PING")
@@ -335,6 +336,25 @@ func TestFrozenServer(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "PONG", v.Str)
 	require.Equal(t, int64(2), f.accepts.Load())
+}
+
+// A call that gives up before the connection was silent for
+// AbortSilentAfter only abandons its reply: the connection stays.
+func TestShortSilenceKeepsConnection(t *testing.T) {
+	f := startFake(t, func(n int64, cmd []string) string {
+		time.Sleep(80 * time.Millisecond)
+		return ":" + cmd[1] + "\r\n"
+	})
+	c := newClient(t, Options{Addr: f.l.Addr().String(), AbortSilentAfter: time.Second})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	_, err := c.Do(ctx, "ECHO", 1)
+	cancel()
+	var ce *ConnError
+	require.ErrorAs(t, err, &ce)
+	v, err := c.Do(ctxT(t, 2*time.Second), "ECHO", 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), v.Int)
+	require.Equal(t, int64(1), f.accepts.Load())
 }
 
 // A server that answers, only late: a call that gives up is abandoned but
