@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -88,5 +89,8 @@ func TestCustomerBlocked(t *testing.T) {
 	before := len(e.sink.events())
 	blockEv("c-blk", false)
 	served("mallory")
+	// The event is recorded when the exchange finishes, just after the
+	// client read the answer.
+	require.Eventually(t, func() bool { return len(e.sink.events()) >= before+1 }, 5*time.Second, 2*time.Millisecond)
 	require.Len(t, e.sink.events(), before+1, "one usage event per request")
 }

@@ -490,6 +490,7 @@ func TestAttributionHeadersMustBeUTF8(t *testing.T) {
 	er := readErr(t, e.post(RouteChat, tok, chatBody("m", ""), HeaderEndUser, "bad\xffname"))
 	require.Equal(t, 400, er.Status)
 	require.Equal(t, CodeInvalidHeader, er.Error.Code)
+	require.Eventually(t, func() bool { return len(e.sink.events()) >= 1 }, 5*time.Second, 2*time.Millisecond)
 	evs := e.sink.events()
 	require.Len(t, evs, 1, "the refusal is in the ledger")
 	require.Equal(t, "bad\uFFFDname", evs[0].Customer)
