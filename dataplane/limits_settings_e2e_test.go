@@ -279,6 +279,24 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		}
 		ten := d.mkTenant("dep-cap")
 		waitStatus(t, p2, ten.Token, http.StatusOK, 10*time.Second)
+		// The deployment serves (its epoch was bootstrapped when its
+		// creation event arrived; a Redis call that timed out on a loaded
+		// machine would leave it in quarantine for 2 s); then every
+		// settlement, which releases the deployment lease just after the
+		// answer, is applied.
+		body := `{"model":"capped","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			e := settingsPost(t, p, ten.Token, "", body)
+			if e.status == http.StatusOK {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "capped deployment answers %d %s", e.status, e.Error.Code)
+		}
+		for _, px := range []*proxy{p, p2} {
+			dctx, dcancel := context.WithTimeout(ctx, 5*time.Second)
+			require.NoError(t, px.dp.proxy.Drain(dctx))
+			dcancel()
+		}
 		hold := startHold(t, p, ten.Token, "", "capped")
 		defer hold()
 		e := settingsPost(t, p2, ten.Token, "", `{"model":"capped","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`)
@@ -473,7 +491,10 @@ func startHold(t *testing.T, p *proxy, tok, custExt, model string) func() {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
-	require.Equal(t, 200, resp.StatusCode)
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("hold request answered %d: %s", resp.StatusCode, b)
+	}
 	buf := make([]byte, 16)
 	_, err = resp.Body.Read(buf) // the first chunk: the stream is live upstream
 	require.NoError(t, err)
