@@ -77,26 +77,15 @@ local function put(c, f, x)
   c.dirty[f] = true
 end
 -- cwin_apply adds amount (either sign) to bucket b of window p of the
--- cached state (as win_apply in common.lua).
+-- cached state, through win_apply (common.lua).
 local function cwin_apply(c, p, b, amount)
-  if amount == 0 then return end
-  local fb = p .. b
-  local old = tonumber(get(c, fb)) or 0
-  local nv = old + amount
-  local applied = amount
-  if nv <= 0 then
-    applied = -old
-    nv = nil
-  end
-  if applied == 0 then return end
-  put(c, fb, nv)
-  put(c, p .. 't', (tonumber(get(c, p .. 't')) or 0) + applied)
-  local o = tonumber(get(c, p .. 'o'))
-  if nv and (not o or b < o) then put(c, p .. 'o', b) end
-  if nv and old == 0 then
+  local set, del = {}, {}
+  if win_apply(set, del, p, b, amount, get(c, p .. b), get(c, p .. 't'), get(c, p .. 'o')) then
     c.created = true
     c.rate = true
   end
+  for j = 1, #set, 2 do put(c, set[j], set[j + 1]) end
+  for _, f in ipairs(del) do put(c, f, nil) end
 end
 
 local out = { epoch }
