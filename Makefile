@@ -9,8 +9,11 @@ PROTOC_GEN_CONNECT_GO_VERSION := v1.19.1
 TOOLS_DIR ?= $(HOME)/.cache/sluice-tools/$(BUF_VERSION)-$(SQLC_VERSION)-$(PROTOC_GEN_GO_VERSION)-$(PROTOC_GEN_CONNECT_GO_VERSION)
 TOOLS_BIN := $(TOOLS_DIR)/bin
 TEST_TIMEOUT ?= 15m
+# golangci-lint has its own cache directory, keyed by its version, so a bump reinstalls it.
+GOLANGCI_LINT_VERSION := v2.15.0
+LINT_BIN := $(HOME)/.cache/sluice-tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/bin
 
-.PHONY: all generate tools services test test-short dev build lint bench bench-distribution bench-limits bench-limits-split fmt
+.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-usage bench-affinity bench-brownout fmt
 
 all: build
 
@@ -22,6 +25,9 @@ $(TOOLS_BIN)/protoc-gen-go:
 	GOBIN=$(TOOLS_BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 $(TOOLS_BIN)/protoc-gen-connect-go:
 	GOBIN=$(TOOLS_BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(PROTOC_GEN_CONNECT_GO_VERSION)
+
+$(LINT_BIN)/golangci-lint:
+	GOBIN=$(LINT_BIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 tools: $(TOOLS_BIN)/buf $(TOOLS_BIN)/sqlc $(TOOLS_BIN)/protoc-gen-go $(TOOLS_BIN)/protoc-gen-connect-go
 
@@ -38,18 +44,37 @@ services:
 ## test: the README's test command: services up, then every test with -race.
 test: services
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	GO=$(GO) TEST_TIMEOUT=$(TEST_TIMEOUT) bash .ci/test.sh
 
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-## dev: run the whole system locally (see README).
-dev: services
-	$(GO) run ./cmd/sluice dev
+## build-static: the static binaries of the container image (deploy/Dockerfile runs the same command).
+STATIC_OUT ?= bin/static/
+build-static:
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(STATIC_OUT) ./cmd/sluice ./cmd/sluicectl
 
-lint:
+## dev: run the whole system locally (see README). Builds first (with a
+## message: the first build takes a minute or two), then runs the binary
+## so Ctrl-C ends it cleanly. DEV_ARGS passes flags to `sluice dev`.
+dev: services
+	@echo "dev: building bin/sluice and bin/sluicectl (the first build takes a minute or two; later ones are cached) ..."
+	@$(GO) build -o bin/ ./cmd/sluice ./cmd/sluicectl
+	@echo "dev: starting bin/sluice dev $(DEV_ARGS)"
+	@./bin/sluice dev $(DEV_ARGS)
+
+## dev-load: with `make dev` running, the demo of a chat staying fast while coding agents share its
+## engines: a chat probe alone, then 12 agent loops on the agent key (README "Run it"). DEV_LOAD_ARGS
+## passes flags (--agents, --duration, ...).
+dev-load:
+	@$(GO) run ./e2e/cmd/dev-load $(DEV_LOAD_ARGS)
+
+## lint: gofmt, go vet, then golangci-lint with .golangci.yml (errcheck, staticcheck, unused, errorlint,
+## govet, ineffassign, depguard for the plane separation).
+lint: $(LINT_BIN)/golangci-lint
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
 	$(GO) vet ./...
+	$(LINT_BIN)/golangci-lint run ./...
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
@@ -61,23 +86,47 @@ bench: services
 ## bench-distribution: config-distribution benchmarks (docs/distribution.md):
 ## revocation latency over 100 blocks, then the 100k-key snapshot.
 bench-distribution: services
-	$(GO) test -run '^$$' -bench '^BenchmarkRevocation$$' -benchtime 100x -count 1 -timeout 20m ./dataplane/
-	$(GO) test -run '^$$' -bench '^BenchmarkScale100kKeys$$' -benchtime 5x -count 1 -timeout 20m ./dataplane/
+	$(GO) test -run '^$$' -bench '^BenchmarkRevocation$$' -benchtime 100x -count 1 -timeout 20m ./e2e/system/
+	$(GO) test -run '^$$' -bench '^BenchmarkScale100kKeys$$' -benchtime 5x -count 1 -timeout 20m ./e2e/system/
 
 ## bench-proxy: proxy overhead in one run: direct vs httputil.ReverseProxy vs Sluice (docs/proxy.md).
 ## NATS and the control plane run as their own processes at nice 19; 3 interleaved rounds, medians.
 bench-proxy: services
-	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-3} $(GO) test -run '^$$' -bench BenchmarkProxyOverhead -benchtime 1x -timeout 20m -v ./dataplane/
+	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-3} $(GO) test -run '^$$' -bench BenchmarkProxyOverhead -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-brownout: the issue-14 brownout through two data planes (docs/resilience.md): attempts per request,
+## client errors, parking, ejections and returns, the pool's out-of-rotation share, then the openai-go
+## amplification check. SLUICE_BENCH_BROWNOUT_RATE (200/s) and SLUICE_BENCH_BROWNOUT_SECONDS (60) scale it.
+bench-brownout: services
+	$(GO) test -run '^$$' -bench '^BenchmarkBrownout$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
 ## bench-limits: limits overhead in one run (docs/limits.md): one data plane, a key without limits vs a key
 ## limited at key, team and org level (windows kept full), a dedicated redis-server; asserts one Redis round trip
 ## before forwarding (+ one settle after), reports throughput on/off at c=64 (target ≥ 0.8; the median of the
 ## rounds' paired ratios) and added p50; 5 interleaved rounds. SLUICE_BENCH_CPUPROFILE=file profiles a limited phase.
 bench-limits: services
-	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/
+	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-humans-agents: people and coding agents on one shared pool (docs/traffic.md, "Measured"): 2 vllm-sim
+## engines (max_num_seqs 8, max_num_batched_tokens 8192), 3 proxies, 12 agent loops and a chat probe every 0.5 s;
+## chat TTFT idle / with classes / classes disabled, agent tokens/s against agents alone, the fleet-wide agent cap.
+## Scaled by SLUICE_BENCH_AGENTS, SLUICE_BENCH_WARMUP, SLUICE_BENCH_WINDOW, SLUICE_BENCH_IDLE.
+bench-humans-agents: services
+	$(GO) test -run '^$$' -bench '^BenchmarkHumansAgents$$' -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-affinity: prefix-cache hit ratio, agent tokens/s and in-flight balance, affinity vs weighted_shuffle
+## in one run (docs/routing.md, "Measured"): 16 agent loops, 4 vllm-sim engines, 3 proxies.
+bench-affinity: services
+	$(GO) test -run '^$$' -bench '^BenchmarkAffinity$$' -benchtime 1x -count 1 -timeout 20m -v ./e2e/system/
 
 ## bench-limits-split: the same with redis-server pinned to CPU 1 and everything else (data plane, load client,
 ## upstream, NATS, control plane) to CPU 0, so Redis stands in for another machine instead of taking the data
 ## plane's CPU.
 bench-limits-split: services
-	SLUICE_BENCH_REDIS_CPU=1 SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} taskset -c 0 $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./dataplane/
+	SLUICE_BENCH_REDIS_CPU=1 SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} taskset -c 0 $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-usage: NATS + control-plane CPU per usage event, one event per JetStream message vs batches
+## (docs/ledger.md, "Batches"): NATS and the control plane as their own processes, 5,000 events/s for 5 s per
+## phase, 3 interleaved rounds; reports both figures and their ratio (target ≤ 0.2).
+bench-usage: services
+	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-3} $(GO) test -run '^$$' -bench '^BenchmarkUsageBatching$$' -benchtime 1x -timeout 20m -v ./e2e/system/

@@ -14,15 +14,18 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/sluicegw/sluice/controlplane/internal/admin"
 	"github.com/sluicegw/sluice/controlplane/internal/alerts"
+	"github.com/sluicegw/sluice/controlplane/internal/auditexport"
+	"github.com/sluicegw/sluice/controlplane/internal/console"
 	"github.com/sluicegw/sluice/controlplane/internal/publish"
+	"github.com/sluicegw/sluice/controlplane/internal/seeds"
 	"github.com/sluicegw/sluice/controlplane/internal/spend"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/keyring"
@@ -30,99 +33,6 @@ import (
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	"github.com/sluicegw/sluice/sql/migrations"
 )
-
-// Defaults.
-const (
-	// DefaultAdminAddr is loopback only: exposing the admin API is a
-	// deliberate act.
-	DefaultAdminAddr = "127.0.0.1:8081"
-	// DefaultNATSURL is the local NATS server.
-	DefaultNATSURL = "nats://127.0.0.1:4222"
-	// DefaultDatabaseURL is the local development database.
-	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/sluice?sslmode=disable"
-	// DefaultShutdownTimeout bounds graceful shutdown.
-	DefaultShutdownTimeout = 10 * time.Second
-	// MinBootstrapTokenLen is the shortest accepted bootstrap token.
-	MinBootstrapTokenLen = 32
-)
-
-// Config configures the control plane. Secrets come from the environment
-// or files (see cmd/sluice), never from flags.
-type Config struct {
-	// DatabaseURL is the Postgres connection string.
-	DatabaseURL string
-	// AdminAddr is the admin API's listen address (HTTP/1.1 and h2c).
-	AdminAddr string
-	// NATSURL is the NATS server (JetStream enabled) config is
-	// distributed through.
-	NATSURL string
-	// InstanceID names this replica (default: host name and pid).
-	InstanceID string
-	// Publish tunes config distribution (zero values: defaults).
-	Publish PublishConfig
-	// BootstrapToken is the platform-admin token for first setup
-	// (SLUICE_ADMIN_TOKEN); empty disables it.
-	BootstrapToken string
-	// KeyPepper is the versioned HMAC pepper set for key and admin-token
-	// hashes (SLUICE_KEY_PEPPER), "VERSION:SECRET[,VERSION:SECRET]".
-	KeyPepper string
-	// KEK is the key ring that seals upstream credentials of deployments
-	// at rest (SLUICE_KEK), "VERSION:BASE64KEY[,VERSION:BASE64KEY]" with
-	// 32-byte keys; new credentials use the highest version, every listed
-	// version opens. Required: it is its own secret, never derived from
-	// the admin token or the pepper, and data planes need the same ring.
-	KEK string
-	// Migrate applies pending migrations at start. Without it, New refuses
-	// to start on an out-of-date schema.
-	Migrate bool
-	// ShutdownTimeout bounds graceful shutdown (DefaultShutdownTimeout if 0).
-	ShutdownTimeout time.Duration
-	// Logger receives structured logs; nil discards them.
-	Logger *slog.Logger
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
-}
-
-// Validate reports every problem of c at once.
-func (c *Config) Validate() error {
-	var errs []error
-	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("database URL is required (--database-url or SLUICE_DATABASE_URL)"))
-	} else if _, err := pgxpool.ParseConfig(c.DatabaseURL); err != nil {
-		errs = append(errs, fmt.Errorf("database URL does not parse: %w", redactErr(err)))
-	}
-	if c.AdminAddr == "" {
-		errs = append(errs, errors.New("admin address is required (--addr)"))
-	} else if _, _, err := net.SplitHostPort(c.AdminAddr); err != nil {
-		errs = append(errs, fmt.Errorf("admin address %q: %w", c.AdminAddr, err))
-	}
-	if c.NATSURL == "" {
-		errs = append(errs, errors.New("NATS URL is required (--nats-url or SLUICE_NATS_URL)"))
-	}
-	if c.BootstrapToken != "" && len(c.BootstrapToken) < MinBootstrapTokenLen {
-		errs = append(errs, fmt.Errorf("bootstrap admin token (SLUICE_ADMIN_TOKEN) is %d characters; want at least %d", len(c.BootstrapToken), MinBootstrapTokenLen))
-	}
-	if strings.TrimSpace(c.KeyPepper) == "" {
-		errs = append(errs, errors.New("key pepper is required (SLUICE_KEY_PEPPER or SLUICE_KEY_PEPPER_FILE)"))
-	} else if _, err := token.ParsePeppers(c.KeyPepper); err != nil {
-		errs = append(errs, fmt.Errorf("key pepper: %w", err))
-	}
-	if strings.TrimSpace(c.KEK) == "" {
-		errs = append(errs, errors.New("key ring is required (SLUICE_KEK or SLUICE_KEK_FILE): VERSION:BASE64KEY with a 32-byte key, e.g. 1:$(openssl rand -base64 32)"))
-	} else if _, err := keyring.Parse(c.KEK); err != nil {
-		errs = append(errs, fmt.Errorf("key ring (SLUICE_KEK): %w", err))
-	}
-	if c.ShutdownTimeout < 0 {
-		errs = append(errs, errors.New("shutdown timeout must not be negative"))
-	}
-	return errors.Join(errs...)
-}
-
-// redactErr drops the input from a connection-string parse error, which
-// may contain a password.
-func redactErr(err error) error {
-	return errors.New(strings.SplitN(err.Error(), ":", 2)[0])
-}
 
 // ControlPlane is a configured, not yet running control plane.
 type ControlPlane struct {
@@ -136,26 +46,17 @@ type ControlPlane struct {
 	pub    *publish.Publisher
 	spend  *spend.Consumer
 	alerts *alerts.Consumer
-}
-
-// PublishConfig tunes config distribution; zero values take the defaults
-// of the publish package.
-type PublishConfig struct {
-	// Debounce delays snapshot compilation after a change (default 150ms).
-	Debounce time.Duration
-	// MaxDelay bounds how long a stream of changes can postpone a
-	// snapshot (default 2s).
-	MaxDelay time.Duration
-	// TickInterval is the liveness tick period (default 1s).
-	TickInterval time.Duration
+	// deliver sends budget alerts to the orgs' webhooks.
+	deliver *alerts.Deliverer
+	seeds   *seeds.Responder
+	// auditExport publishes the audit log to SLUICE_AUDIT.
+	auditExport *auditexport.Exporter
 }
 
 // New connects to Postgres, checks (or applies, with Migrate) the schema
 // and binds the admin listener.
 func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -165,7 +66,14 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	}
 	peppers, _ := token.ParsePeppers(cfg.KeyPepper)
 	ring, _ := keyring.Parse(cfg.KEK)
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("connect postgres: %w", redactErr(err))
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = DefaultDBConnectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect postgres: %w", redactErr(err))
 	}
@@ -223,17 +131,39 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 		pool.Close()
 		return nil, err
 	}
+	// Every replica delivers alerts to webhooks from the outbox table.
+	dcfg := alerts.DeliveryConfig{Logger: log}
+	if ring != nil {
+		dcfg.Open = ring.Open
+	}
+	deliverer := alerts.NewDeliverer(dcfg, st)
+	// Every replica answers budget seed requests (queue group): the
+	// ledger's current spend, once the spend consumer has caught up.
+	seedResponder, err := seeds.New(seeds.Config{Durable: spend.DefaultDurable, Logger: log}, st, nc)
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return nil, err
+	}
+	// One replica exports the audit log to JetStream (see auditexport).
+	auditExp, err := auditexport.New(auditexport.Config{Pool: pool, NC: nc, Retention: cfg.AuditRetention, Logger: log})
+	if err != nil {
+		nc.Close()
+		pool.Close()
+		return nil, err
+	}
 	ln, err := net.Listen("tcp", cfg.AdminAddr)
 	if err != nil {
 		nc.Close()
 		pool.Close()
 		return nil, fmt.Errorf("listen on %s: %w", cfg.AdminAddr, err)
 	}
-	mets := newMetrics(pool, pub, spendConsumer, alertConsumer)
+	mets := newMetrics(pool, pub, spendConsumer, alertConsumer, deliverer, seedResponder)
 	mux := http.NewServeMux()
 	mux.Handle("/", admin.NewHandler(admin.Options{Store: st, Peppers: peppers, BootstrapToken: cfg.BootstrapToken,
-		KeyRing: ring, Logger: log, Observe: mets.observe}))
+		KeyRing: ring, Logger: log, Observe: mets.observe, MaxRequestBytes: cfg.AdminMaxRequestBytes, NATS: nc}))
 	mux.Handle("GET /metrics", mets.handler())
+	console.Mount(mux) // the web console (static files calling the admin API above)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
@@ -247,52 +177,112 @@ func New(ctx context.Context, cfg Config) (*ControlPlane, error) {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP1(true)
 	protocols.SetUnencryptedHTTP2(true)
+	// Every admin request is bounded before it is authenticated: headers
+	// (size and time), the whole request's read time, and (in the admin
+	// handler) the body size. On h2c the read and write timeouts apply to
+	// each stream.
 	srv := &http.Server{
 		Handler:           mux,
 		Protocols:         protocols,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ReadHeaderTimeout: min(DefaultAdminReadHeaderTimeout, cfg.AdminReadTimeout),
+		ReadTimeout:       cfg.AdminReadTimeout,
+		WriteTimeout:      DefaultAdminWriteTimeout,
+		IdleTimeout:       DefaultAdminIdleTimeout,
+		MaxHeaderBytes:    adminMaxHeaderBytes,
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams:          adminMaxConcurrentStreams,
+			MaxReceiveBufferPerStream:     1 << 20,
+			MaxReceiveBufferPerConnection: 4 << 20,
+		},
+		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	if cfg.BootstrapToken == "" {
 		log.Warn("no bootstrap admin token configured (SLUICE_ADMIN_TOKEN); only admin tokens from the database are accepted")
 	}
 	return &ControlPlane{cfg: cfg, log: log, pool: pool, ln: ln, srv: srv, store: st, nc: nc, pub: pub, spend: spendConsumer,
-		alerts: alertConsumer}, nil
+		alerts: alertConsumer, deliver: deliverer, seeds: seedResponder, auditExport: auditExp}, nil
 }
 
 // Addr returns the admin API's bound address.
 func (c *ControlPlane) Addr() string { return c.ln.Addr().String() }
 
-// Run serves until ctx is done, then shuts down gracefully and releases
-// the database pool.
+// component is a long-lived part of the control plane: it runs until ctx
+// is done (returning nil) or it fails (returning why).
+type component interface {
+	Run(ctx context.Context) error
+}
+
+// Run runs every component (admin server, publisher, spend and alert
+// consumers, seed responder) under one errgroup until ctx is done, then
+// shuts down gracefully and releases NATS and the database pool. The first
+// component to fail stops the others, and Run returns its error, named
+// after the component (the caller reports it, once); later errors are
+// consequences and only joined in if they are not cancellations.
 func (c *ControlPlane) Run(ctx context.Context) error {
 	defer c.pool.Close()
 	defer c.nc.Close()
-	pctx, stopPub := context.WithCancel(ctx)
-	pubDone := make(chan struct{})
-	go func() { defer close(pubDone); _ = c.pub.Run(pctx) }()
-	defer func() { stopPub(); <-pubDone }()
-	spendDone := make(chan struct{})
-	go func() { defer close(spendDone); _ = c.spend.Run(pctx) }()
-	defer func() { stopPub(); <-spendDone }()
-	alertsDone := make(chan struct{})
-	go func() { defer close(alertsDone); _ = c.alerts.Run(pctx) }()
-	defer func() { stopPub(); <-alertsDone }()
-	errc := make(chan error, 1)
-	go func() { errc <- c.srv.Serve(c.ln) }()
-	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())
-	select {
-	case err := <-errc:
-		return fmt.Errorf("admin server: %w", err)
-	case <-ctx.Done():
+	components := []struct {
+		name string
+		c    component
+	}{
+		{"admin server", &adminServer{srv: c.srv, ln: c.ln, shutdownTimeout: c.cfg.ShutdownTimeout}},
+		{"publisher", c.pub},
+		{"spend consumer", c.spend},
+		{"alert consumer", c.alerts},
+		{"alert deliverer", c.deliver},
+		{"seed responder", c.seeds},
+		{"audit exporter", c.auditExport},
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.ShutdownTimeout)
-	defer cancel()
-	if err := c.srv.Shutdown(sctx); err != nil {
-		return fmt.Errorf("shutdown admin server: %w", err)
+	g, gctx := errgroup.WithContext(ctx)
+	for _, comp := range components {
+		g.Go(func() error {
+			if err := comp.c.Run(gctx); err != nil {
+				return fmt.Errorf("%s: %w", comp.name, err)
+			}
+			if gctx.Err() == nil {
+				// A component that ends on its own while the plane runs
+				// would leave it half-working: stop the plane instead.
+				return fmt.Errorf("%s: %w", comp.name, errStoppedEarly)
+			}
+			return nil
+		})
+	}
+	c.log.Info("control plane serving", "admin_addr", c.Addr(), "pid", os.Getpid())
+	if err := g.Wait(); err != nil {
+		return err
 	}
 	c.log.Info("control plane stopped")
+	return nil
+}
+
+// errStoppedEarly is a component returning while the plane still runs.
+var errStoppedEarly = errors.New("stopped before the control plane did")
+
+// adminServer serves the admin API on ln until ctx is done, then shuts
+// down gracefully within shutdownTimeout.
+type adminServer struct {
+	srv             *http.Server
+	ln              net.Listener
+	shutdownTimeout time.Duration
+}
+
+// Run serves until ctx is done or the server fails.
+func (a *adminServer) Run(ctx context.Context) error {
+	errc := make(chan error, 1)
+	go func() { errc <- a.srv.Serve(a.ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.shutdownTimeout)
+	defer cancel()
+	if err := a.srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
 	return nil
 }
 
@@ -305,6 +295,18 @@ func dataPlaneFrom(hb *configv1.Heartbeat) store.DataPlane {
 	}
 	for _, r := range hb.GetRejected() {
 		d.Rejected = append(d.Rejected, store.RejectedSnapshot{Version: r.GetVersion(), Reason: r.GetReason(), Time: r.GetAt().AsTime()})
+	}
+	if r := hb.GetRejecting(); r != nil {
+		d.Rejecting = &store.Rejecting{Version: r.GetVersion(), RunningVersion: r.GetRunningVersion(), Reason: r.GetReason(),
+			Since: r.GetSince().AsTime(), PastBound: r.GetPastBound()}
+	}
+	for _, e := range hb.GetEjected() {
+		ej := store.EjectedDeployment{DeploymentID: e.GetDeploymentId(), ModelGroup: e.GetModelGroup(), Reason: e.GetReason()}
+		if e.GetUntil() != nil {
+			t := e.GetUntil().AsTime()
+			ej.Until = &t
+		}
+		d.Ejected = append(d.Ejected, ej)
 	}
 	return d
 }

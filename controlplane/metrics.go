@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/alerts"
 	"github.com/sluicegw/sluice/controlplane/internal/publish"
+	"github.com/sluicegw/sluice/controlplane/internal/seeds"
 	"github.com/sluicegw/sluice/controlplane/internal/spend"
 )
 
@@ -24,7 +25,7 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 }
 
-func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer, ac *alerts.Consumer) *metrics {
+func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer, ac *alerts.Consumer, ad *alerts.Deliverer, sr *seeds.Responder) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		rpcs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -54,11 +55,12 @@ func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer, 
 	gauge("sluice_control_snapshot_version", "Last snapshot version compiled by this replica.", func() float64 { return float64(pub.Stats().LastVersion) })
 	gauge("sluice_control_snapshot_compile_seconds", "Duration of the last snapshot compilation.", func() float64 { return pub.Stats().LastCompile.Seconds() })
 	gauge("sluice_control_snapshot_size_bytes", "Size of the last compiled snapshot.", func() float64 { return float64(pub.Stats().LastSnapshotBytes) })
-	gauge("sluice_control_snapshot_budget_seeds", "Budget seeds (budgeted scopes with ledger spend in their window) in the last compiled snapshot.", func() float64 { return float64(pub.Stats().LastBudgetSeeds) })
+	counter("sluice_control_distribution_epochs_total", "Distribution epochs started by this replica (JetStream found ahead of the database).", func() float64 { return float64(pub.Stats().EpochsStarted) })
 	counter("sluice_control_heartbeats_total", "Data-plane heartbeats recorded.", func() float64 { return float64(pub.Stats().Heartbeats) })
 	counter("sluice_control_spend_recorded_total", "Usage events newly written to the ledger.", func() float64 { return float64(sc.Stats().Recorded) })
 	counter("sluice_control_spend_duplicates_total", "Usage events already in the ledger (redeliveries).", func() float64 { return float64(sc.Stats().Duplicates) })
 	counter("sluice_control_spend_undecodable_total", "Usage events terminated as undecodable.", func() float64 { return float64(sc.Stats().Undecodable) })
+	counter("sluice_control_spend_not_yet_total", "Usage messages left in the stream because this build cannot read their encoding (upgrade it).", func() float64 { return float64(sc.Stats().NotYet) })
 	counter("sluice_control_spend_batch_failures_total", "Ledger transactions that failed (batch redelivered).", func() float64 { return float64(sc.Stats().Failures) })
 	counter("sluice_control_spend_fetch_errors_total", "Failed fetches from the usage stream.", func() float64 { return float64(sc.Stats().FetchErrors) })
 	counter("sluice_control_budget_alerts_recorded_total", "Budget alerts newly written to budget_alerts.", func() float64 { return float64(ac.Stats().Recorded) })
@@ -66,6 +68,11 @@ func newMetrics(pool *pgxpool.Pool, pub *publish.Publisher, sc *spend.Consumer, 
 	counter("sluice_control_budget_alerts_undecodable_total", "Budget alerts terminated as malformed.", func() float64 { return float64(ac.Stats().Undecodable) })
 	counter("sluice_control_budget_alerts_batch_failures_total", "Alert transactions that failed (batch redelivered).", func() float64 { return float64(ac.Stats().Failures) })
 	counter("sluice_control_budget_alerts_fetch_errors_total", "Failed fetches from the alert stream.", func() float64 { return float64(ac.Stats().FetchErrors) })
+	counter("sluice_control_alert_webhook_delivered_total", "Alert deliveries to webhooks that succeeded (by this replica).", func() float64 { return float64(ad.Stats().Delivered) })
+	counter("sluice_control_alert_webhook_failed_total", "Alert delivery attempts that failed (retried with backoff, or dead).", func() float64 { return float64(ad.Stats().Failed) })
+	counter("sluice_control_alert_webhook_dead_total", "Alert deliveries that became dead after their last attempt.", func() float64 { return float64(ad.Stats().Dead) })
+	counter("sluice_control_budget_seeds_answered_total", "Budget seed requests answered with the ledger's spend.", func() float64 { return float64(sr.Stats().Answered) })
+	counter("sluice_control_budget_seeds_failed_total", "Budget seed requests answered with an error (invalid, Postgres down, ledger behind).", func() float64 { return float64(sr.Stats().Failed) })
 	gauge("sluice_control_db_connections_acquired", "Postgres connections in use.", func() float64 { return float64(pool.Stat().AcquiredConns()) })
 	gauge("sluice_control_db_connections_total", "Postgres connections open.", func() float64 { return float64(pool.Stat().TotalConns()) })
 	return m

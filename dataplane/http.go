@@ -4,34 +4,31 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/sluicegw/sluice/dataplane/internal/authn"
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
 	"github.com/sluicegw/sluice/dataplane/internal/configsync"
-	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
+	"github.com/sluicegw/sluice/dataplane/internal/openai"
 	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/dataplane/internal/usage"
 )
 
 // RequestIDHeader is on every answer.
-const RequestIDHeader = apiproxy.RequestIDHeader
+const RequestIDHeader = openai.RequestIDHeader
 
 func (d *DataPlane) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("GET /readyz", d.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}))
-	mux.HandleFunc("/v1/auth/check", d.authCheck)
+	mux.HandleFunc("GET /healthz", headersOnly(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }))
+	mux.HandleFunc("GET /readyz", headersOnly(d.readyz))
+	mux.Handle("GET /metrics", headersOnly(promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(d.log.Handler(), slog.LevelWarn)}).ServeHTTP))
+	mux.HandleFunc("/v1/auth/check", headersOnly(d.authCheck))
 	d.proxy.Register(mux)
 	return d.withRequestID(mux)
 }
@@ -47,74 +44,36 @@ func (d *DataPlane) withRequestID(next http.Handler) http.Handler {
 	})
 }
 
-// writeError answers in the OpenAI error shape (SPEC §9.1) through the
-// proxy's single error writer.
-func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
-	apiproxy.WriteError(w, &apiproxy.Error{Status: status, Type: typ, Code: code, Message: msg,
-		NoRetry: status == http.StatusUnauthorized || status == http.StatusForbidden})
-}
-
 // gate says whether requests may be served now: nil, or the 503 to answer
 // (no configuration yet, or stale under the reject policy).
-func (d *DataPlane) gate() *apiproxy.Error {
+func (d *DataPlane) gate() *openai.Error {
 	if !d.sync.Ready() {
-		return &apiproxy.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "config_not_loaded",
-			Message: "this proxy has not loaded its configuration yet; retry shortly", RetryAfter: time.Second}
+		return openai.Unavailable(openai.CodeConfigNotLoaded, "this proxy has not loaded its configuration yet; retry shortly", time.Second)
 	}
 	if d.sync.Stale() && d.cfg.StalePolicy == StalePolicyReject {
 		d.staleRejected.Add(1)
-		return &apiproxy.Error{Status: http.StatusServiceUnavailable, Type: "service_unavailable", Code: "stale_config",
-			Message: fmt.Sprintf("this proxy has not heard from the control plane for %s (max staleness %s); refusing to serve on stale configuration",
-				d.sync.Staleness().Round(time.Second), d.cfg.MaxStaleness), RetryAfter: 5 * time.Second}
+		return openai.Unavailable(openai.CodeStaleConfig,
+			fmt.Sprintf("this proxy has not heard from the control plane for %s (max staleness %s); refusing to serve on stale configuration",
+				d.sync.Staleness().Round(time.Second), d.cfg.MaxStaleness), 5*time.Second)
 	}
 	return nil
 }
 
-// serving reports whether requests may be served now, answering the
-// gate's 503 when not.
-func (d *DataPlane) serving(w http.ResponseWriter) bool {
-	if e := d.gate(); e != nil {
-		apiproxy.WriteError(w, e)
-		return false
-	}
-	return true
-}
-
 // authCheck authenticates the bearer key and describes it: the small
-// HTTP surface of key authentication (the OpenAI endpoints build on it).
+// HTTP surface of key authentication. It runs the readiness gate and the
+// key authentication of the OpenAI endpoints (gateway.Handler
+// Authenticate), so both answer the same key with the same error.
 func (d *DataPlane) authCheck(w http.ResponseWriter, r *http.Request) {
-	if !d.serving(w) {
-		return
-	}
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
-		d.authRejected.Add(1)
-		writeError(w, http.StatusUnauthorized, "invalid_request_error", "missing_api_key",
-			"no API key: send Authorization: Bearer sk-sluice-...")
-		return
-	}
-	cat := d.sync.Catalog()
-	p, err := cat.Authenticate(d.peppers, tok, time.Now())
-	var blocked *authn.BlockedError
+	cat, p, e := d.proxy.Authenticate(r)
 	switch {
-	case err == nil:
-	case errors.As(err, &blocked):
+	case e == nil:
+	case e.Status == http.StatusForbidden:
 		d.authDenied.Add(1)
-		writeError(w, http.StatusForbidden, "permission_error", blocked.Scope+"_blocked",
-			"access denied: the "+blocked.Scope+" of this key is blocked")
-		return
-	case errors.Is(err, authn.ErrExpired):
+	case e.Status == http.StatusUnauthorized:
 		d.authRejected.Add(1)
-		writeError(w, http.StatusUnauthorized, "invalid_request_error", "key_expired", "this API key has expired")
-		return
-	case errors.Is(err, authn.ErrMalformed):
-		d.authRejected.Add(1)
-		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
-			"the API key is malformed or mistyped (checksum mismatch)")
-		return
-	default:
-		d.authRejected.Add(1)
-		writeError(w, http.StatusUnauthorized, "invalid_request_error", "invalid_api_key", "unknown or deleted API key")
+	}
+	if e != nil {
+		openai.WriteError(w, e)
 		return
 	}
 	d.authOK.Add(1)
@@ -130,6 +89,14 @@ func (d *DataPlane) readyz(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not ready: no configuration loaded", http.StatusServiceUnavailable)
 	case d.sync.Stale():
 		http.Error(w, fmt.Sprintf("stale: no contact with the control plane for %s", d.sync.Staleness().Round(time.Millisecond)), http.StatusServiceUnavailable)
+	case d.sync.RejectingPastBound():
+		r := d.sync.Rejecting()
+		http.Error(w, fmt.Sprintf("not ready: rejecting control plane: %s for %s (max %s): %s", configsync.RejectingSummary(r),
+			time.Since(r.GetSince().AsTime()).Round(time.Second), d.sync.MaxRejecting(), r.GetReason()), http.StatusServiceUnavailable)
+	case d.redisUp.Down() != nil:
+		// Limits fail closed: every request would be refused with 503
+		// limits_unavailable, so the load balancer should send it elsewhere.
+		http.Error(w, "not ready: "+d.redisUp.Down().String(), http.StatusServiceUnavailable)
 	default:
 		c := d.sync.Catalog()
 		fmt.Fprintf(w, "ready: version %d, events_seq %d, staleness %s\n", c.Version, c.EventsSeq, d.sync.Staleness().Round(time.Millisecond))
@@ -165,12 +132,19 @@ func (d *DataPlane) registerMetrics() {
 			return 0
 		}
 	}
+	gauge("sluice_dataplane_limits_store_up", "1 while the limits store (Redis) answers its PING probe (/readyz fails otherwise).",
+		func() float64 { return b2f(d.redisUp.Down() == nil) })
 	gauge("sluice_dataplane_ready", "1 once a configuration snapshot is loaded.", func() float64 { return b2f(d.sync.Ready()) })
 	gauge("sluice_dataplane_snapshot_version", "Config version running.", catalogU(func(c *catalog.Catalog) uint64 { return c.Version }))
 	gauge("sluice_dataplane_events_seq", "Last config event applied.", catalogU(func(c *catalog.Catalog) uint64 { return c.EventsSeq }))
 	gauge("sluice_dataplane_staleness_seconds", "Seconds since the last contact with the control plane.", func() float64 { return d.sync.Staleness().Seconds() })
 	gauge("sluice_dataplane_stale", "1 when staleness exceeds the configured maximum.", func() float64 { return b2f(d.sync.Stale()) })
+	gauge("sluice_dataplane_rejecting", "1 while the instance has refused its region's current snapshot for longer than max-rejecting (/readyz fails).",
+		func() float64 { return b2f(d.sync.RejectingPastBound()) })
+	gauge("sluice_dataplane_rejecting_seconds", "Seconds the instance has been refusing its region's current snapshot (0 when it runs it).",
+		func() float64 { return d.sync.RejectingFor().Seconds() })
 	gauge("sluice_dataplane_in_flight", "Requests in flight.", func() float64 { return float64(d.inFlight.Load()) })
+	gauge("sluice_dataplane_open_connections", "Open client connections (HTTP/1.1 and h2c).", func() float64 { return float64(d.openConns.Load()) })
 	counter("sluice_dataplane_snapshots_applied_total", "Snapshots applied.", nil, sync(func(s configsync.Stats) int64 { return s.SnapshotsApplied }))
 	counter("sluice_dataplane_snapshots_rejected_total", "Snapshots refused (bad digest, version or encoding).", nil, sync(func(s configsync.Stats) int64 { return s.SnapshotsRejected }))
 	counter("sluice_dataplane_events_applied_total", "Config events applied.", nil, sync(func(s configsync.Stats) int64 { return s.EventsApplied }))
@@ -188,11 +162,12 @@ func (d *DataPlane) registerMetrics() {
 		counter(name, help, nil, func() int64 { return f(d.usage.Stats()) })
 	}
 	usageCounter("sluice_usage_published_total", "Usage events acknowledged by JetStream.", func(s usage.Stats) int64 { return s.Published })
+	usageCounter("sluice_usage_messages_published_total", "JetStream messages of usage events acknowledged (a batch is one).", func(s usage.Stats) int64 { return s.Messages })
 	usageCounter("sluice_usage_retries_total", "Usage event publishes retried after a failure.", func(s usage.Stats) int64 { return s.Retries })
 	usageCounter("sluice_usage_spooled_total", "Usage events written to the spool (buffer full or shutdown).", func(s usage.Stats) int64 { return s.Spooled })
 	usageCounter("sluice_usage_replayed_total", "Spooled usage events published.", func(s usage.Stats) int64 { return s.Replayed })
 	usageCounter("sluice_usage_dropped_total", "Usage events lost: buffer full and spool unavailable (each logged).", func(s usage.Stats) int64 { return s.Dropped })
-	if pipe, ok := d.rdb.(*redispipe.Client); ok {
+	if pipe := d.rdb.Pipe; pipe != nil {
 		store := func(f func(redispipe.Stats) int64) func() int64 { return func() int64 { return f(pipe.Stats()) } }
 		counter("sluice_limits_store_commands_total", "Commands sent to the limits store (one Redis).", nil,
 			store(func(s redispipe.Stats) int64 { return s.Commands }))
@@ -201,5 +176,6 @@ func (d *DataPlane) registerMetrics() {
 		counter("sluice_limits_store_connects_total", "Connections made to the limits store.", nil,
 			store(func(s redispipe.Stats) int64 { return s.Dials }))
 	}
+	d.registerSeedMetrics()
 	d.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 }

@@ -2,73 +2,33 @@ package dataplane
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
-	apiproxy "github.com/sluicegw/sluice/dataplane/internal/proxy"
-	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
+	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
 	"github.com/sluicegw/sluice/proto/wire"
 )
 
-// Limits defaults (docs/limits.md).
-const (
-	DefaultRedisURL       = "redis://127.0.0.1:6379/0"
-	DefaultRedisKeyPrefix = "sluice:"
-	// RateFallbackClosed refuses rpm/tpm-limited requests while Redis is
-	// unavailable (503 limits_unavailable), like budgets and concurrency.
-	RateFallbackClosed = "closed"
-	// RateFallbackLocal admits rpm/tpm-only requests by this instance's
-	// share of each limit (limit ÷ live data planes in the region).
-	RateFallbackLocal = "local"
-	// DefaultLimitsCallTimeout bounds every limits-store call.
-	DefaultLimitsCallTimeout = limits.DefaultCallTimeout
-	// DefaultLeaseTTL is the life of a concurrency slot without renewal.
-	DefaultLeaseTTL = limits.DefaultLeaseTTL
-	// DefaultMaxOutputTokens bounds estimates of requests without max_tokens.
-	DefaultMaxOutputTokens = apiproxy.DefaultMaxOutputTokens
-)
-
-// newLimitsStore returns the limits store configuration for a Limiter: a
-// Redis Cluster client (go-redis, which routes by slot) when clusterAddrs
-// is set, else the pipelining client of package redispipe on url (one
-// Redis; see that package for why the request path does not use go-redis
-// there). Every call carries its own deadline; dialing is bounded too, so
-// an unreachable Redis fails a call fast rather than stalling it.
-func newLimitsStore(url string, clusterAddrs []string) (limits.Config, io.Closer, error) {
-	if len(clusterAddrs) > 0 {
-		rdb := redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: clusterAddrs, ContextTimeoutEnabled: true, DialTimeout: 250 * time.Millisecond,
-			// A call's own deadline bounds it; retries would only spend
-			// that budget on a dead connection, and one dial per call
-			// fails a refused connection at once. RESP2: the scripts
-			// return integer arrays; RESP3 would only add a
-			// push-notification check to every call.
-			PoolSize: 256, MinIdleConns: 4, MaxRetries: -1, DialerRetries: 1, Protocol: 2,
-		})
-		return limits.Config{Client: rdb}, rdb, nil
-	}
-	opt, err := redispipe.ParseURL(url)
+// newLimitsStore returns the limits store configuration for a Limiter
+// over the data plane's Redis connection (redisconn.Open, shared with the
+// other Redis users of the data plane).
+func newLimitsStore(url string, clusterAddrs []string) (limits.Config, *redisconn.Conn, error) {
+	conn, err := redisconn.Open(url, clusterAddrs)
 	if err != nil {
 		return limits.Config{}, nil, err
 	}
-	opt.DialTimeout = 250 * time.Millisecond
-	pipe, err := redispipe.New(opt)
-	if err != nil {
-		return limits.Config{}, nil, fmt.Errorf("redis url: %w", err)
+	lc := limits.Config{Pipe: conn.Pipe}
+	if conn.Cluster != nil {
+		lc.Client = conn.Cluster
 	}
-	return limits.Config{Pipe: pipe}, pipe, nil
+	return lc, conn, nil
 }
 
 // alertPublisher publishes budget alerts to JetStream (wire.AlertStream)
@@ -81,7 +41,6 @@ type alertPublisher struct {
 	region string
 	log    *slog.Logger
 	ch     chan *usagev1.BudgetAlert
-	wg     sync.WaitGroup
 }
 
 const (
@@ -107,7 +66,9 @@ func (p *alertPublisher) Alert(a *usagev1.BudgetAlert) {
 }
 
 // run publishes until ctx ends, then drains what is queued (bounded).
-func (p *alertPublisher) run(ctx context.Context) {
+// Run publishes alerts until ctx ends, then those still queued (each
+// within a short deadline).
+func (p *alertPublisher) Run(ctx context.Context) error {
 	for {
 		select {
 		case a := <-p.ch:
@@ -120,7 +81,7 @@ func (p *alertPublisher) run(ctx context.Context) {
 					p.publish(dctx, a)
 					cancel()
 				default:
-					return
+					return nil
 				}
 			}
 		}
@@ -195,46 +156,20 @@ func (f *fleetView) Live() int {
 }
 
 // limitsSetup builds the limiter (and its fallback) from cfg.
-func limitsSetup(cfg *Config) (*limits.Limiter, io.Closer, error) {
+func limitsSetup(cfg *Config, seeds limits.SeedFunc) (*limits.Limiter, *redisconn.Conn, error) {
 	lc, rdb, err := newLimitsStore(cfg.RedisURL, cfg.RedisClusterAddrs)
 	if err != nil {
 		return nil, nil, err
 	}
 	lc.KeyPrefix, lc.CallTimeout, lc.LeaseTTL = cfg.RedisKeyPrefix, cfg.LimitsCallTimeout, cfg.LeaseTTL
+	lc.Seeds, lc.SeedWait = seeds, cfg.BudgetSeedWait
+	lc.Slices.Enabled = cfg.LimitSlices
 	lim, err := limits.New(lc)
 	if err != nil {
 		_ = rdb.Close()
 		return nil, nil, err
 	}
 	return lim, rdb, nil
-}
-
-func validateLimits(c *Config) []error {
-	var errs []error
-	if c.RedisURL == "" && len(c.RedisClusterAddrs) == 0 {
-		errs = append(errs, errors.New("a Redis URL (--redis-url) or cluster addresses (--redis-cluster) are required: limits fail closed without Redis"))
-	}
-	if c.RedisURL != "" && len(c.RedisClusterAddrs) == 0 {
-		if _, err := redispipe.ParseURL(c.RedisURL); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if strings.ContainsAny(c.RedisKeyPrefix, "{}") {
-		errs = append(errs, fmt.Errorf("redis key prefix %q must not contain '{' or '}'", c.RedisKeyPrefix))
-	}
-	if c.LimitsCallTimeout < 0 || c.LeaseTTL < 0 {
-		errs = append(errs, errors.New("limits call timeout and lease TTL must not be negative"))
-	}
-	if c.LeaseTTL > 0 && c.LeaseTTL <= limits.DefaultRenewInterval {
-		errs = append(errs, fmt.Errorf("lease TTL %s must exceed the renew interval %s", c.LeaseTTL, limits.DefaultRenewInterval))
-	}
-	if c.RateLimitFallback != RateFallbackClosed && c.RateLimitFallback != RateFallbackLocal {
-		errs = append(errs, fmt.Errorf("rate limit fallback %q: want %s or %s", c.RateLimitFallback, RateFallbackClosed, RateFallbackLocal))
-	}
-	if c.DefaultMaxOutputTokens < 0 {
-		errs = append(errs, errors.New("default max output tokens must not be negative"))
-	}
-	return errs
 }
 
 // bootstrapEpochs marks the limits state of orgs and deployments created by

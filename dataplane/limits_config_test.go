@@ -25,9 +25,10 @@ func TestLimitsConfigValidation(t *testing.T) {
 	bad.LeaseTTL = 500 * time.Millisecond
 	bad.RateLimitFallback = "open"
 	bad.DefaultMaxOutputTokens = -1
+	bad.BudgetSeedWait = -time.Second
 	errs := validateLimits(&bad)
 	for _, want := range []string{`option "pool_size" is not supported`, `prefix "a{b}"`, "must not be negative",
-		"must exceed the renew interval", `fallback "open"`, "max output tokens"} {
+		"must exceed the renew interval", `fallback "open"`, "max output tokens", "budget seed wait -1s must not be negative"} {
 		require.Contains(t, joinErrs(errs), want)
 	}
 	none := Config{RateLimitFallback: RateFallbackClosed}
@@ -42,4 +43,25 @@ func joinErrs(errs []error) string {
 		s += e.Error() + "\n"
 	}
 	return s
+}
+
+// Server settings: zero means the default, negative values are refused,
+// every problem at once.
+func TestServerConfigValidation(t *testing.T) {
+	var c Config
+	serverDefaults(&c)
+	require.Empty(t, validateServer(&c))
+	require.Equal(t, DefaultIdleTimeout, c.IdleTimeout)
+	require.Equal(t, DefaultReadHeaderTimeout, c.ReadHeaderTimeout)
+	require.Equal(t, DefaultBodyReadTimeout, c.BodyReadTimeout)
+	require.Equal(t, DefaultMaxBodyReads, c.MaxBodyReads)
+	require.Equal(t, DefaultMaxBodyReadsPerConn, c.MaxBodyReadsPerConn)
+	require.Equal(t, DefaultH2MaxConcurrentStreams, c.H2MaxConcurrentStreams)
+	bad := Config{ReadHeaderTimeout: -1, IdleTimeout: -time.Second, BodyReadTimeout: -1, MaxBodyReads: 4, MaxBodyReadsPerConn: 5,
+		H2MaxConcurrentStreams: -1}
+	errs := joinErrs(validateServer(&bad))
+	for _, want := range []string{"read header timeout", "idle timeout", "body read timeout", "must not exceed max body reads 4",
+		"h2 max concurrent streams -1"} {
+		require.Contains(t, errs, want)
+	}
 }

@@ -10,6 +10,54 @@ import (
 	"strings"
 )
 
+// envName is the environment variable of a flag: SLUICE_ and the flag's
+// name upper-cased, dashes to underscores (--max-body-reads →
+// SLUICE_MAX_BODY_READS). Every flag of every command has one.
+func envName(flag string) string {
+	return "SLUICE_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// envAliases are the older names of a few flags' variables, still read
+// (after the SLUICE_<FLAG> name) so existing deployments keep working.
+type envAliases map[string]string
+
+// applyEnv sets every flag of fs that is not on the command line from
+// its variable: SLUICE_<FLAG> first, then its alias. It runs before
+// Parse, so a flag on the command line wins over the environment, and the
+// environment over the default. Each flag's usage names its variables.
+// A value the flag refuses is an error naming the variable; every such
+// error is reported at once.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, aliases envAliases) error {
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		names := name
+		v := getenv(name)
+		if alias := aliases[f.Name]; alias != "" {
+			names += ", or " + alias
+			if v == "" {
+				name, v = alias, getenv(alias)
+			}
+		}
+		f.Usage += " (" + names + ")"
+		if v == "" {
+			return
+		}
+		if err := f.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// parseEnvFlags applies the environment (applyEnv), then args.
+func parseEnvFlags(fs *flag.FlagSet, args []string, getenv func(string) string, aliases envAliases) error {
+	if err := applyEnv(fs, getenv, aliases); err != nil {
+		return err
+	}
+	return parseFlags(fs, args)
+}
+
 // envOr returns the environment value of name, or def.
 func envOr(getenv func(string) string, name, def string) string {
 	if v := getenv(name); v != "" {
@@ -51,10 +99,17 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log format %q: want json or text", format)
 }
 
-// logFlags registers --log-level and --log-format with env fallbacks.
-func logFlags(fs *flag.FlagSet, getenv func(string) string, defFormat string) (*string, *string) {
-	level := fs.String("log-level", envOr(getenv, "SLUICE_LOG_LEVEL", "info"), "log level: debug, info, warn, error (SLUICE_LOG_LEVEL)")
-	format := fs.String("log-format", envOr(getenv, "SLUICE_LOG_FORMAT", defFormat), "log format: json or text (SLUICE_LOG_FORMAT)")
+// Logging defaults.
+const (
+	defaultLogLevel  = "info"
+	defaultLogFormat = "json"
+)
+
+// logFlags registers --log-level and --log-format (their variables come
+// with every other flag's, in applyEnv).
+func logFlags(fs *flag.FlagSet, defFormat string) (*string, *string) {
+	level := fs.String("log-level", defaultLogLevel, "log level: debug, info, warn, error")
+	format := fs.String("log-format", defFormat, "log format: json or text")
 	return level, format
 }
 

@@ -15,8 +15,8 @@ import (
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("sluice migrate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dbURL := fs.String("database-url", envOr(getenv, "SLUICE_DATABASE_URL", controlplane.DefaultDatabaseURL), "Postgres URL (SLUICE_DATABASE_URL)")
-	if err := parseFlags(fs, args); err != nil {
+	dbURL := fs.String("database-url", controlplane.DefaultDatabaseURL, "Postgres URL")
+	if err := parseEnvFlags(fs, args, getenv, nil); err != nil {
 		return err
 	}
 	pool, err := pgxpool.New(ctx, *dbURL)

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"strconv"
 
+	"google.golang.org/protobuf/proto"
+
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
 
@@ -54,5 +56,87 @@ func alertsCommand() *command {
 				return r.GetAlerts(), r.GetNextPageToken(), err
 			}
 		}),
+		group("webhook", "manage the org's alert webhooks (signed POSTs of every alert)", []*command{
+			leaf("create", "URL", "register an endpoint; prints its signing secret once", runWebhookCreate),
+			listCommand("", "list webhooks", webhookColumns, func(fs *flag.FlagSet) fetchPage[*adminv1.AlertWebhook] {
+				req := &adminv1.ListAlertWebhooksRequest{}
+				fs.StringVar(&req.OrgId, "org", "", "only webhooks of this org (default: your token's org; platform tokens: every org)")
+				return func(ctx context.Context, c *clients, _ []string, size int32, tok string) ([]*adminv1.AlertWebhook, string, error) {
+					req.PageSize, req.PageToken = size, tok
+					r, err := call(ctx, c.alerts.ListAlertWebhooks, req)
+					return r.GetWebhooks(), r.GetNextPageToken(), err
+				}
+			}),
+			deleteCommand("webhook", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+				return call(ctx, c.alerts.DeleteAlertWebhook, &adminv1.DeleteAlertWebhookRequest{Id: id})
+			}),
+		}, "webhooks"),
+		group("deliveries", "delivery state of alerts to webhooks: pending, delivered, dead (the dead-letter list)", []*command{
+			listCommand("", "list deliveries, newest first", deliveryColumns, deliveryList("")),
+			renamed("dead", listCommand("", "the dead-letter list: deliveries whose every attempt failed", deliveryColumns, deliveryList(deadState))),
+			idCommand("retry", "DELIVERY", "send a dead delivery again (same delivery id, attempts reset)", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+				r, err := call(ctx, c.alerts.RetryAlertDelivery, &adminv1.RetryAlertDeliveryRequest{DeliveryId: id})
+				return r.GetDelivery(), err
+			}),
+		}, "delivery"),
 	}, "alert")
+}
+
+// deadState is the state of a delivery in the dead-letter list.
+const deadState = "dead"
+
+var webhookColumns = []column[*adminv1.AlertWebhook]{
+	{"ID", (*adminv1.AlertWebhook).GetId},
+	{"ORG", (*adminv1.AlertWebhook).GetOrgId},
+	{"URL", (*adminv1.AlertWebhook).GetUrl},
+	{"DESCRIPTION", (*adminv1.AlertWebhook).GetDescription},
+	{"CREATED", func(w *adminv1.AlertWebhook) string { return formatTime(w.GetCreateTime()) }},
+}
+
+var deliveryColumns = []column[*adminv1.AlertDelivery]{
+	{"DELIVERY", (*adminv1.AlertDelivery).GetDeliveryId},
+	{"ALERT", (*adminv1.AlertDelivery).GetAlertId},
+	{"WEBHOOK", (*adminv1.AlertDelivery).GetWebhookId},
+	{"STATE", (*adminv1.AlertDelivery).GetState},
+	{"ATTEMPTS", func(d *adminv1.AlertDelivery) string { return strconv.Itoa(int(d.GetAttempts())) }},
+	{"NEXT ATTEMPT", func(d *adminv1.AlertDelivery) string { return formatTime(d.GetNextAttemptTime()) }},
+	{"DELIVERED", func(d *adminv1.AlertDelivery) string { return formatTime(d.GetDeliveredTime()) }},
+	{"LAST ERROR", (*adminv1.AlertDelivery).GetLastError},
+}
+
+func deliveryList(state string) func(fs *flag.FlagSet) fetchPage[*adminv1.AlertDelivery] {
+	return func(fs *flag.FlagSet) fetchPage[*adminv1.AlertDelivery] {
+		req := &adminv1.ListAlertDeliveriesRequest{State: state}
+		fs.StringVar(&req.OrgId, "org", "", "only deliveries of this org (default: your token's org; platform tokens: every org)")
+		fs.StringVar(&req.WebhookId, "webhook", "", "only deliveries to this webhook")
+		if state == "" {
+			fs.StringVar(&req.State, "state", "", "only deliveries in this state: pending, delivered or dead")
+		}
+		return func(ctx context.Context, c *clients, _ []string, size int32, tok string) ([]*adminv1.AlertDelivery, string, error) {
+			req.PageSize, req.PageToken = size, tok
+			r, err := call(ctx, c.alerts.ListAlertDeliveries, req)
+			return r.GetDeliveries(), r.GetNextPageToken(), err
+		}
+	}
+}
+
+func runWebhookCreate(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	req := &adminv1.CreateAlertWebhookRequest{}
+	fs.StringVar(&req.OrgId, "org", "", "org whose alerts it receives (default: your token's org; required with a platform token)")
+	fs.StringVar(&req.Description, "description", "", "what the endpoint is")
+	pos, err := a.parse(fs, c, 1, 1)
+	if err != nil {
+		return err
+	}
+	req.Url = pos[0]
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.alerts.CreateAlertWebhook, req)
+	if err != nil {
+		return err
+	}
+	return p.one(r, r.GetWebhook(), [2]string{"secret (shown once)", r.GetSecret()})
 }

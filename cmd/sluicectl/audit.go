@@ -37,21 +37,41 @@ func auditCommand() *command {
 				return r.GetEvents(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("verify", "", "recompute every hash of the audit chain; exits non-zero at the first broken link", runAuditVerify),
+		leaf("verify", "", "recompute every hash of the audit chain (a platform token: the whole chain; an org or team token: its own records); exits non-zero at the first broken link", runAuditVerify),
 	})
 }
 
 func runAuditVerify(ctx context.Context, a *app, c *cmdArgs) error {
-	if _, err := a.parse(a.flags(c), c, 0, 0); err != nil {
+	fs := a.flags(c)
+	pageSize := fs.Int("page-size", 0, "records the server checks per call (default 10000, at most 50000); all pages are verified")
+	if _, err := a.parse(fs, c, 0, 0); err != nil {
 		return err
+	}
+	if *pageSize < 0 || *pageSize > 50000 {
+		return fmt.Errorf("audit verify: --page-size must be between 1 and 50000 (0: the server's default)")
 	}
 	cl, p, err := a.connect()
 	if err != nil {
 		return err
 	}
-	r, err := call(ctx, cl.audit.VerifyAuditChain, &adminv1.VerifyAuditChainRequest{})
-	if err != nil {
-		return err
+	// The server verifies one bounded page per call; walk every page and
+	// report the sum (or the first break).
+	r := &adminv1.VerifyAuditChainResponse{Ok: true}
+	req := &adminv1.VerifyAuditChainRequest{PageSize: int32(*pageSize)}
+	for {
+		page, err := call(ctx, cl.audit.VerifyAuditChain, req)
+		if err != nil {
+			return err
+		}
+		r.Checked += page.GetChecked()
+		if !page.GetOk() {
+			r.Ok, r.BrokenSeq, r.Problem = false, page.GetBrokenSeq(), page.GetProblem()
+			break
+		}
+		if page.GetNextPageToken() == "" {
+			break
+		}
+		req.PageToken = page.GetNextPageToken()
 	}
 	if p.format != outTable {
 		if err := p.message(r); err != nil {

@@ -23,6 +23,7 @@ type clients struct {
 	users     adminv1connect.UserServiceClient
 	keys      adminv1connect.KeyServiceClient
 	customers adminv1connect.CustomerServiceClient
+	issuers   adminv1connect.IssuerServiceClient
 	tokens    adminv1connect.AdminTokenServiceClient
 	audit     adminv1connect.AuditServiceClient
 	fleet     adminv1connect.FleetServiceClient
@@ -30,6 +31,8 @@ type clients struct {
 	spend     adminv1connect.SpendServiceClient
 	alerts    adminv1connect.AlertServiceClient
 	models    adminv1connect.ModelServiceClient
+	traffic   adminv1connect.TrafficServiceClient
+	explain   adminv1connect.ExplainServiceClient
 }
 
 // newClients builds the Connect clients; every request carries
@@ -50,6 +53,7 @@ func newClients(server, token string) *clients {
 		users:     adminv1connect.NewUserServiceClient(hc, server, opts),
 		keys:      adminv1connect.NewKeyServiceClient(hc, server, opts),
 		customers: adminv1connect.NewCustomerServiceClient(hc, server, opts),
+		issuers:   adminv1connect.NewIssuerServiceClient(hc, server, opts),
 		tokens:    adminv1connect.NewAdminTokenServiceClient(hc, server, opts),
 		audit:     adminv1connect.NewAuditServiceClient(hc, server, opts),
 		fleet:     adminv1connect.NewFleetServiceClient(hc, server, opts),
@@ -57,6 +61,8 @@ func newClients(server, token string) *clients {
 		spend:     adminv1connect.NewSpendServiceClient(hc, server, opts),
 		alerts:    adminv1connect.NewAlertServiceClient(hc, server, opts),
 		models:    adminv1connect.NewModelServiceClient(hc, server, opts),
+		traffic:   adminv1connect.NewTrafficServiceClient(hc, server, opts),
+		explain:   adminv1connect.NewExplainServiceClient(hc, server, opts),
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 )
 
 // listPageSize is the page size list commands ask for (the server's
@@ -17,7 +18,13 @@ const listPageSize = 200
 // idCommand is a command taking one object id that prints one object
 // (get, block, unblock, revoke).
 func idCommand(name, noun, summary string, do func(ctx context.Context, c *clients, id string) (proto.Message, error), aliases ...string) *command {
-	return leaf(name, noun+"_ID", summary, func(ctx context.Context, a *app, c *cmdArgs) error {
+	return oneArgCommand(name, noun+"_ID", summary, do, aliases...)
+}
+
+// oneArgCommand is a command taking one positional argument (an id or a
+// name, arg in the usage) that prints one object.
+func oneArgCommand(name, arg, summary string, do func(ctx context.Context, c *clients, id string) (proto.Message, error), aliases ...string) *command {
+	return leaf(name, arg, summary, func(ctx context.Context, a *app, c *cmdArgs) error {
 		pos, err := a.parse(a.flags(c), c, 1, 1)
 		if err != nil {
 			return err
@@ -36,7 +43,13 @@ func idCommand(name, noun, summary string, do func(ctx context.Context, c *clien
 
 // deleteCommand deletes one object by id.
 func deleteCommand(noun string, do func(ctx context.Context, c *clients, id string) (proto.Message, error)) *command {
-	return leaf("delete", strings.ToUpper(noun)+"_ID", "delete a "+noun, func(ctx context.Context, a *app, c *cmdArgs) error {
+	return deleteByCommand(noun, strings.ToUpper(noun)+"_ID", "delete a "+noun, do)
+}
+
+// deleteByCommand deletes one object by its positional argument (arg in
+// the usage: an id or a name).
+func deleteByCommand(noun, arg, summary string, do func(ctx context.Context, c *clients, id string) (proto.Message, error)) *command {
+	return leaf("delete", arg, summary, func(ctx context.Context, a *app, c *cmdArgs) error {
 		pos, err := a.parse(a.flags(c), c, 1, 1)
 		if err != nil {
 			return err
@@ -139,4 +152,41 @@ func nameArg(pos []string, flagVal *string, flagName string) error {
 	}
 	*flagVal = pos[0]
 	return nil
+}
+
+// updateCommand is an update command of an object addressed by one id:
+// register binds the object's settable fields (and --clear) to a fresh
+// object, and do sends it with the update mask of the flags given.
+func updateCommand[T proto.Message](noun string, newObj func() T, register func(f *fields, obj T), do func(ctx context.Context, c *clients, id string, obj T, mask *fieldmaskpb.FieldMask) (T, error)) *command {
+	return leaf("update", strings.ToUpper(noun)+"_ID", "change the fields given as flags (--clear FLAG unsets one)", func(ctx context.Context, a *app, c *cmdArgs) error {
+		fs := a.flags(c)
+		obj := newObj()
+		f := newFields(fs)
+		register(f, obj)
+		f.Clearable()
+		pos, err := a.parse(fs, c, 1, 1)
+		if err != nil {
+			return err
+		}
+		mask, err := f.updateMask()
+		if err != nil {
+			return err
+		}
+		cl, p, err := a.connect()
+		if err != nil {
+			return err
+		}
+		res, err := do(ctx, cl, pos[0], obj, mask)
+		if err != nil {
+			return err
+		}
+		return p.one(res, res)
+	})
+}
+
+// renamed gives a generated command (a list command) another name and no
+// aliases, for a second list under one group.
+func renamed(name string, c *command) *command {
+	c.name, c.aliases = name, nil
+	return c
 }

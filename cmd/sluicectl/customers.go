@@ -5,6 +5,7 @@ import (
 	"flag"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -45,7 +46,12 @@ func customerCommand() *command {
 				return r.GetCustomers(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("update", "CUSTOMER_ID", "change the fields given as flags (--clear FLAG unsets one)", runCustomerUpdate),
+		updateCommand("customer", func() *adminv1.Customer { return &adminv1.Customer{} }, customerFields,
+			func(ctx context.Context, c *clients, id string, o *adminv1.Customer, mask *fieldmaskpb.FieldMask) (*adminv1.Customer, error) {
+				o.Id = id
+				r, err := call(ctx, c.customers.UpdateCustomer, &adminv1.UpdateCustomerRequest{Customer: o, UpdateMask: mask})
+				return r.GetCustomer(), err
+			}),
 		deleteCommand("customer", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 			return call(ctx, c.customers.DeleteCustomer, &adminv1.DeleteCustomerRequest{Id: id})
 		}),
@@ -80,32 +86,6 @@ func runCustomerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	r, err := call(ctx, cl.customers.CreateCustomer, &adminv1.CreateCustomerRequest{
 		OrgId: u.OrgId, ExternalId: u.ExternalId, DisplayName: u.DisplayName, Limits: u.Limits, Metadata: u.Metadata,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetCustomer(), r.GetCustomer())
-}
-
-func runCustomerUpdate(ctx context.Context, a *app, c *cmdArgs) error {
-	fs := a.flags(c)
-	u := &adminv1.Customer{}
-	f := newFields(fs)
-	customerFields(f, u)
-	f.Clearable()
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	mask, err := f.updateMask()
-	if err != nil {
-		return err
-	}
-	u.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	r, err := call(ctx, cl.customers.UpdateCustomer, &adminv1.UpdateCustomerRequest{Customer: u, UpdateMask: mask})
 	if err != nil {
 		return err
 	}

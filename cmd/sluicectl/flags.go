@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -558,3 +559,88 @@ func (*timeValue) placeholder() string           { return "TIME" }
 func (*sinceValue) placeholder() string          { return "TIME" }
 func (e *enumValue[E]) placeholder() string      { return strings.ReplaceAll(e.accept, ", ", "|") }
 func (t *trafficClassValue) placeholder() string { return t.e().placeholder() }
+
+// Duration registers a duration field (a Go duration: 90s, 2h).
+func (f *fields) Duration(p **durationpb.Duration, name, path, usage string) {
+	f.add(name, path, &durationValue{p}, usage)
+}
+
+type durationValue struct{ p **durationpb.Duration }
+
+func (d *durationValue) String() string {
+	if d.p == nil || *d.p == nil {
+		return ""
+	}
+	return (*d.p).AsDuration().String()
+}
+
+func (d *durationValue) Set(v string) error {
+	n, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil {
+		return errors.New("want a duration, e.g. 90s or 2h")
+	}
+	*d.p = durationpb.New(n)
+	return nil
+}
+
+// FloatValue registers a number field whose zero is its default.
+func (f *fields) FloatValue(p *float64, name, path, usage string) {
+	f.add(name, path, &floatValue{p}, usage)
+}
+
+type floatValue struct{ p *float64 }
+
+func (o *floatValue) String() string {
+	if o.p == nil {
+		return ""
+	}
+	return strconv.FormatFloat(*o.p, 'f', -1, 64)
+}
+
+func (o *floatValue) Set(v string) error {
+	n, err := parseNumber(v)
+	if err != nil {
+		return err
+	}
+	*o.p = n
+	return nil
+}
+
+// Fallbacks registers per-group fallback overrides: GROUP=FB1,FB2,
+// repeatable; GROUP= turns the group's fallbacks off.
+func (f *fields) Fallbacks(p *map[string]*adminv1.ModelGroupFallbacks, name, path, usage string) {
+	f.add(name, path, &fallbackMap{p}, usage)
+}
+
+// fallbackMap is a repeatable GROUP=FB1,FB2 map.
+type fallbackMap struct {
+	p *map[string]*adminv1.ModelGroupFallbacks
+}
+
+func (m *fallbackMap) String() string {
+	if m.p == nil {
+		return ""
+	}
+	return joinMap(*m.p, func(v *adminv1.ModelGroupFallbacks) string { return strings.Join(v.GetModelGroups(), ",") })
+}
+
+func (m *fallbackMap) Set(v string) error {
+	if *m.p == nil {
+		*m.p = map[string]*adminv1.ModelGroupFallbacks{}
+	}
+	if v == "" { // on update: no overrides
+		return nil
+	}
+	k, val, err := splitKV(v)
+	if err != nil {
+		return err
+	}
+	fb := &adminv1.ModelGroupFallbacks{}
+	for _, g := range strings.Split(val, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			fb.ModelGroups = append(fb.ModelGroups, g)
+		}
+	}
+	(*m.p)[k] = fb
+	return nil
+}

@@ -19,13 +19,28 @@ var dataPlaneColumns = []column[*adminv1.DataPlane]{
 	{"REGION", (*adminv1.DataPlane).GetRegion},
 	{"VERSION", func(d *adminv1.DataPlane) string { return strconv.FormatUint(d.GetAppliedVersion(), 10) }},
 	{"EVENTS SEQ", func(d *adminv1.DataPlane) string { return strconv.FormatUint(d.GetEventsSeq(), 10) }},
-	{"HEALTH", (*adminv1.DataPlane).GetHealth},
+	{"HEALTH", dataPlaneHealth},
 	{"STALENESS", func(d *adminv1.DataPlane) string {
 		return strconv.FormatFloat(d.GetStalenessSeconds(), 'f', 1, 64) + "s"
 	}},
 	{"IN FLIGHT", func(d *adminv1.DataPlane) string { return strconv.FormatInt(d.GetInFlight(), 10) }},
 	{"REJECTED", func(d *adminv1.DataPlane) string { return rejectedSummary(d.GetRejectedSnapshots()) }},
+	{"OUT OF ROTATION", func(d *adminv1.DataPlane) string { return ejectedSummary(d.GetEjectedDeployments()) }},
 	{"LAST SEEN", func(d *adminv1.DataPlane) string { return formatTime(d.GetLastSeen()) }},
+}
+
+// dataPlaneHealth is the instance's health; an instance that has refused
+// its region's current snapshot for longer than its bound says which
+// ("rejecting control plane: version 1 < running 2").
+func dataPlaneHealth(d *adminv1.DataPlane) string {
+	r := d.GetRejecting()
+	if r == nil || !r.GetPastBound() || d.GetHealth() == "lost" {
+		return d.GetHealth()
+	}
+	if r.GetVersion() != 0 && r.GetVersion() < r.GetRunningVersion() {
+		return fmt.Sprintf("rejecting control plane: version %d < running %d", r.GetVersion(), r.GetRunningVersion())
+	}
+	return fmt.Sprintf("rejecting control plane: version %d: %s", r.GetVersion(), r.GetReason())
 }
 
 // rejectedSummary is a one-cell view of rejected snapshots: their count
@@ -149,6 +164,14 @@ func runRolloutStatus(ctx context.Context, a *app, c *cmdArgs) error {
 	} else {
 		fmt.Fprint(a.stdout, "No config version compiled yet.\n\n")
 	}
+	if e := r.GetEpoch(); e != nil {
+		fmt.Fprintf(a.stdout, "Distribution epoch %d since %s: versions above %d (first %d), events above %d.\n  Why: %s\n",
+			e.GetEpoch(), formatTime(e.GetStartTime()), e.GetVersionFloor(), e.GetFirstVersion(), e.GetEventsFloor(), e.GetReason())
+		for _, x := range e.GetReapplied() {
+			fmt.Fprintf(a.stdout, "  Re-applied: %s\n", x)
+		}
+		fmt.Fprintln(a.stdout)
+	}
 	return list(p, r.GetRegions(), regionColumns)
 }
 
@@ -204,4 +227,17 @@ func runRegionUpsert(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	return p.one(r.GetRegion(), r.GetRegion())
+}
+
+// ejectedSummary lists the deployments an instance keeps out of rotation:
+// "dep_a (ejected), dep_b (parked)"; "-" for none.
+func ejectedSummary(ej []*adminv1.EjectedDeployment) string {
+	if len(ej) == 0 {
+		return "-"
+	}
+	parts := make([]string, 0, len(ej))
+	for _, e := range ej {
+		parts = append(parts, e.GetDeploymentId()+" ("+e.GetReason()+")")
+	}
+	return strings.Join(parts, ", ")
 }

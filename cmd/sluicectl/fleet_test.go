@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -11,19 +12,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	"github.com/sluicegw/sluice/proto/wire"
 )
 
 // startProxy runs the built `sluice proxy` for region against natsURL and
-// waits until it has loaded a configuration (/readyz answers 200).
-func startProxy(t *testing.T, natsURL, region, instance string) {
+// waits until it has loaded a configuration (/readyz answers 200); it
+// returns the proxy's address.
+func startProxy(t *testing.T, natsURL, region, instance string, extra ...string) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 	var logs syncBuffer
-	cmd := exec.Command(bins.sluice, "proxy", "--addr", addr, "--region", region, "--instance-id", instance, "--nats-url", natsURL)
+	cmd := exec.Command(bins.sluice, append([]string{"proxy", "--addr", addr, "--region", region, "--instance-id", instance, "--nats-url", natsURL}, extra...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "SLUICE_KEY_PEPPER=1:sluicectl-test-pepper-0123456789abcdef", "SLUICE_KEK=" + testKEK}
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	require.NoError(t, cmd.Start())
@@ -32,10 +40,11 @@ func startProxy(t *testing.T, natsURL, region, instance string) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
-		case <-exited:
+		case err := <-exited:
+			t.Logf("exit: %v", err)
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			t.Logf("killed after 10 s: %v", <-exited)
 		}
 		if t.Failed() {
 			t.Logf("sluice proxy %s output:\n%s", instance, logs.String())
@@ -52,7 +61,7 @@ func startProxy(t *testing.T, natsURL, region, instance string) {
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return addr
 			}
 		}
 		if time.Now().After(deadline) {
@@ -203,4 +212,75 @@ func TestFleetAndRollout(t *testing.T) {
 	orgEnv := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+created["token"].(string))
 	require.Contains(t, orgEnv.fail("fleet", "list"), "permission_denied: ")
 	require.Contains(t, orgEnv.fail("region", "upsert", "eu", "--policy", "auto"), "permission_denied: ")
+}
+
+// TestFleetListShowsRejecting: a data plane whose region pointer names an
+// older version than it runs (what a control plane on a database that lost
+// its history used to publish) shows, once past --max-rejecting, as
+// "rejecting control plane: version N < running M" in the fleet view.
+func TestFleetListShowsRejecting(t *testing.T) {
+	t.Parallel()
+	server, _, natsURL := startServerNATS(t)
+	root := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+bootstrapToken)
+	nc, err := nats.Connect(natsURL)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := context.Background()
+	pointer := func() (*configv1.SnapshotPointer, []byte) {
+		kv, err := js.KeyValue(ctx, wire.PointerBucket)
+		if err != nil {
+			return nil, nil
+		}
+		e, err := kv.Get(ctx, wire.PointerKey("default"))
+		if err != nil {
+			return nil, nil
+		}
+		ptr := &configv1.SnapshotPointer{}
+		require.NoError(t, proto.Unmarshal(e.Value(), ptr))
+		return ptr, e.Value()
+	}
+	var first []byte
+	var v0 uint64
+	require.Eventually(t, func() bool {
+		ptr, raw := pointer()
+		first, v0 = raw, ptr.GetVersion()
+		return ptr != nil
+	}, 20*time.Second, 20*time.Millisecond)
+	root.ok("org", "create", "rejecting-org")
+	var v1 uint64
+	require.Eventually(t, func() bool {
+		ptr, _ := pointer()
+		v1 = ptr.GetVersion()
+		return v1 > v0
+	}, 20*time.Second, 20*time.Millisecond)
+	startProxy(t, natsURL, "default", "dp-rejecting", "--max-rejecting", "1s")
+	root.eventually(func(out any) bool {
+		planes := out.([]any)
+		return len(planes) == 1 && u64(t, planes[0].(map[string]any), "applied_version") == v1
+	}, "fleet", "list")
+
+	kv, err := js.KeyValue(ctx, wire.PointerBucket)
+	require.NoError(t, err)
+	_, err = kv.Put(ctx, wire.PointerKey("default"), first)
+	require.NoError(t, err)
+	want := "rejecting control plane: version " + strconv.FormatUint(v0, 10) + " < running " + strconv.FormatUint(v1, 10)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		table := root.ok("fleet", "list")
+		if strings.Contains(table, want) {
+			require.Regexp(t, `(?m)^dp-rejecting\s+default\s+`+strconv.FormatUint(v1, 10)+`\s+\d+\s+`+want, table)
+			break
+		}
+		require.False(t, time.Now().After(deadline), "fleet list never showed %q:\n%s", want, table)
+		time.Sleep(200 * time.Millisecond)
+	}
+	var planes []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(root.ok("fleet", "list", "-o", "json")), &planes))
+	rej := planes[0]["rejecting"].(map[string]any)
+	require.Equal(t, "rejecting", planes[0]["health"])
+	require.Equal(t, true, rej["past_bound"])
+	require.Equal(t, strconv.FormatUint(v0, 10), rej["version"])
+	require.Equal(t, strconv.FormatUint(v1, 10), rej["running_version"])
 }

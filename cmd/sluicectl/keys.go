@@ -5,6 +5,7 @@ import (
 	"flag"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -43,6 +44,7 @@ func keyFields(f *fields, k *adminv1.Key) {
 	f.List(&k.AllowedRoutes, "allowed-routes", "allowed_routes", "proxy routes the key may call, comma-separated (e.g. /v1/chat/completions); empty: all")
 	f.Limits(&k.Limits, limitsPerModel)
 	f.Metadata(&k.Metadata)
+	f.Fallbacks(&k.Fallbacks, "fallbacks", "fallbacks", "fallback model groups of a group for this key, `GROUP=FB1,FB2` (repeatable; GROUP= turns them off; on update it replaces the map)")
 }
 
 func keyCommand() *command {
@@ -66,7 +68,12 @@ func keyCommand() *command {
 				return r.GetKeys(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("update", "KEY_ID", "change the fields given as flags (--clear FLAG unsets one)", runKeyUpdate),
+		updateCommand("key", func() *adminv1.Key { return &adminv1.Key{} }, keyFields,
+			func(ctx context.Context, c *clients, id string, o *adminv1.Key, mask *fieldmaskpb.FieldMask) (*adminv1.Key, error) {
+				o.Id = id
+				r, err := call(ctx, c.keys.UpdateKey, &adminv1.UpdateKeyRequest{Key: o, UpdateMask: mask})
+				return r.GetKey(), err
+			}),
 		deleteCommand("key", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 			return call(ctx, c.keys.DeleteKey, &adminv1.DeleteKeyRequest{Id: id})
 		}),
@@ -99,39 +106,13 @@ func runKeyCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		OrgId: k.OrgId, TeamId: k.TeamId, UserId: k.UserId, Project: k.Project, Alias: k.Alias,
 		ExpireTime: k.ExpireTime, Tags: k.Tags, TrafficClass: k.TrafficClass,
 		ModelGroupAliases: k.ModelGroupAliases, EnforcedParams: k.EnforcedParams,
-		AllowedRoutes: k.AllowedRoutes, Limits: k.Limits, Metadata: k.Metadata,
+		AllowedRoutes: k.AllowedRoutes, Limits: k.Limits, Metadata: k.Metadata, Fallbacks: k.Fallbacks,
 	})
 	if err != nil {
 		return err
 	}
 	a.warnSecret("key token")
 	return p.one(r, r.GetKey(), [2]string{"token", r.GetToken()})
-}
-
-func runKeyUpdate(ctx context.Context, a *app, c *cmdArgs) error {
-	fs := a.flags(c)
-	k := &adminv1.Key{}
-	f := newFields(fs)
-	keyFields(f, k)
-	f.Clearable()
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	mask, err := f.updateMask()
-	if err != nil {
-		return err
-	}
-	k.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	r, err := call(ctx, cl.keys.UpdateKey, &adminv1.UpdateKeyRequest{Key: k, UpdateMask: mask})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetKey(), r.GetKey())
 }
 
 func runKeyRotate(ctx context.Context, a *app, c *cmdArgs) error {

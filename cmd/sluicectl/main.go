@@ -12,7 +12,10 @@
 //     (prices, capabilities, credentials);
 //   - region, rollout, fleet: rollout policy per region, promotion and
 //     rollback of config versions, and the data-plane fleet from its
-//     heartbeats.
+//     heartbeats;
+//   - apply, get, import: declarative YAML documents (apply -f with
+//     --dry-run and --prune), the objects as documents, and the
+//     translation of a LiteLLM config.yaml with a report of its traps.
 //
 // Output is a table, JSON or YAML (-o). See docs/sluicectl.md.
 package main

@@ -19,7 +19,17 @@ import (
 var modelGroupColumns = []column[*adminv1.ModelGroup]{
 	{"NAME", (*adminv1.ModelGroup).GetName},
 	{"DESCRIPTION", (*adminv1.ModelGroup).GetDescription},
+	{"PLATFORM-WIDE", func(g *adminv1.ModelGroup) string { return yesNo(g.GetPlatformWide()) }},
+	{"GRANTED TO", func(g *adminv1.ModelGroup) string { return strings.Join(g.GetGrantedOrgIds(), ",") }},
+	{"FALLBACKS", func(g *adminv1.ModelGroup) string { return strings.Join(g.GetFallbacks(), ",") }},
 	{"CREATED", func(g *adminv1.ModelGroup) string { return formatTime(g.GetCreateTime()) }},
+}
+
+var grantColumns = []column[*adminv1.ModelGroupGrant]{
+	{"MODEL GROUP", (*adminv1.ModelGroupGrant).GetModelGroup},
+	{"ORG", (*adminv1.ModelGroupGrant).GetOrgId},
+	{"GRANTED BY", (*adminv1.ModelGroupGrant).GetCreatedBy},
+	{"CREATED", func(g *adminv1.ModelGroupGrant) string { return formatTime(g.GetCreateTime()) }},
 }
 
 var deploymentColumns = []column[*adminv1.Deployment]{
@@ -50,11 +60,9 @@ func pricesSummary(d *adminv1.Deployment) string {
 func modelGroupCommand() *command {
 	return group("model-group", "manage model groups (the names clients ask for)", []*command{
 		leaf("create", "NAME", "create a model group", runModelGroupCreate),
-		leaf("get", "NAME", "show a model group", func(ctx context.Context, a *app, c *cmdArgs) error {
-			return modelGroupByName(ctx, a, c, func(ctx context.Context, cl *clients, name string) (proto.Message, error) {
-				r, err := call(ctx, cl.models.GetModelGroup, &adminv1.GetModelGroupRequest{Name: name})
-				return r.GetModelGroup(), err
-			})
+		oneArgCommand("get", "NAME", "show a model group", func(ctx context.Context, cl *clients, name string) (proto.Message, error) {
+			r, err := call(ctx, cl.models.GetModelGroup, &adminv1.GetModelGroupRequest{Name: name})
+			return r.GetModelGroup(), err
 		}),
 		listCommand("", "list model groups", modelGroupColumns, func(fs *flag.FlagSet) fetchPage[*adminv1.ModelGroup] {
 			return func(ctx context.Context, c *clients, _ []string, size int32, tok string) ([]*adminv1.ModelGroup, string, error) {
@@ -63,51 +71,47 @@ func modelGroupCommand() *command {
 			}
 		}),
 		leaf("update", "NAME", "change the fields given as flags", runModelGroupUpdate),
-		leaf("delete", "NAME", "delete a model group (it must have no deployments)", func(ctx context.Context, a *app, c *cmdArgs) error {
-			pos, err := a.parse(a.flags(c), c, 1, 1)
-			if err != nil {
-				return err
+		deleteByCommand("model group", "NAME", "delete a model group (it must have no deployments)", func(ctx context.Context, cl *clients, name string) (proto.Message, error) {
+			return call(ctx, cl.models.DeleteModelGroup, &adminv1.DeleteModelGroupRequest{Name: name})
+		}),
+		leaf("grant", "NAME ORG_ID", "let an org see and call the group (platform tokens)", runModelGroupGrant),
+		leaf("revoke", "NAME ORG_ID", "take a grant away: the org's requests for the group stop at once (platform tokens)", runModelGroupRevoke),
+		renamed("grants", listCommand("", "list grants (of one group with --model-group, of one org with --org)", grantColumns, func(fs *flag.FlagSet) fetchPage[*adminv1.ModelGroupGrant] {
+			req := &adminv1.ListModelGroupGrantsRequest{}
+			fs.StringVar(&req.ModelGroup, "model-group", "", "only grants of this model group")
+			fs.StringVar(&req.OrgId, "org", "", "only grants to this org")
+			return func(ctx context.Context, c *clients, _ []string, size int32, tok string) ([]*adminv1.ModelGroupGrant, string, error) {
+				req.PageSize, req.PageToken = size, tok
+				r, err := call(ctx, c.models.ListModelGroupGrants, req)
+				return r.GetGrants(), r.GetNextPageToken(), err
 			}
-			cl, p, err := a.connect()
-			if err != nil {
-				return err
-			}
-			res, err := call(ctx, cl.models.DeleteModelGroup, &adminv1.DeleteModelGroupRequest{Name: pos[0]})
-			if err != nil {
-				return err
-			}
-			if p.format != outTable {
-				return p.message(res)
-			}
-			_, err = fmt.Fprintf(a.stdout, "Deleted model group %s.\n", pos[0])
-			return err
-		}, "rm"),
+		})),
 	}, "model-groups", "mg")
 }
 
-// modelGroupByName runs a command taking one model group name that prints
-// one object.
-func modelGroupByName(ctx context.Context, a *app, c *cmdArgs, do func(ctx context.Context, cl *clients, name string) (proto.Message, error)) error {
-	pos, err := a.parse(a.flags(c), c, 1, 1)
-	if err != nil {
-		return err
+// modelGroupFields registers the settable fields of a model group.
+func modelGroupFields(f *fields, g *adminv1.ModelGroup) {
+	if g.Resilience == nil {
+		g.Resilience = &adminv1.ModelGroupResilience{}
 	}
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	obj, err := do(ctx, cl, pos[0])
-	if err != nil {
-		return err
-	}
-	return p.one(obj, obj)
+	r := g.Resilience
+	f.String(&g.Description, "description", "description", "what the group serves")
+	f.List(&g.Fallbacks, "fallbacks", "fallbacks", "ordered fallback model groups, comma-separated (docs/resilience.md)")
+	f.add("ttft-timeout-ms", "resilience.ttft_timeout_ms", (*int64Value)(&r.TtftTimeoutMs), "TTFT deadline of stream attempts in ms (0: the proxy's --ttft-timeout)")
+	f.add("ejection-base-ms", "resilience.ejection_base_ms", (*int64Value)(&r.EjectionBaseMs), "first ejection of a failing deployment in ms (0: the proxy's --ejection-base)")
+	f.add("ejection-max-ms", "resilience.ejection_max_ms", (*int64Value)(&r.EjectionMaxMs), "longest ejection in ms (0: the proxy's --ejection-max)")
+	f.add("max-attempts", "resilience.max_attempts", (*int32Value)(&r.MaxAttempts), "most upstream attempts per request, retries and fallbacks together (0: 1 + the proxy's --max-retries)")
+	f.add("panic-threshold", "resilience.panic_threshold_percent", (*int32Value)(&r.PanicThresholdPercent), "route to the whole pool when more than this percent is out (0: the proxy's --panic-threshold)")
 }
 
 func runModelGroupCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
-	g := &adminv1.ModelGroup{}
+	g := &adminv1.ModelGroup{Routing: &adminv1.ModelGroupRouting{}}
 	fs.StringVar(&g.Name, "name", "", "name clients ask for: 1–100 characters of [A-Za-z0-9._:/-]")
-	newFields(fs).String(&g.Description, "description", "description", "what the group serves")
+	f := newFields(fs)
+	modelGroupFields(f, g)
+	fs.BoolVar(&g.PlatformWide, "platform-wide", false, "visible to every org (otherwise only to the orgs it is granted to)")
+	routingFields(f, g.Routing)
 	pos, err := a.parse(fs, c, 0, 1)
 	if err != nil {
 		return err
@@ -119,18 +123,66 @@ func runModelGroupCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	if err != nil {
 		return err
 	}
-	r, err := call(ctx, cl.models.CreateModelGroup, &adminv1.CreateModelGroupRequest{Name: g.Name, Description: g.Description})
+	req := &adminv1.CreateModelGroupRequest{Name: g.Name, Description: g.Description, PlatformWide: g.PlatformWide,
+		Routing: nonEmptyRouting(g.Routing), Fallbacks: g.Fallbacks}
+	if proto.Size(g.Resilience) > 0 {
+		req.Resilience = g.Resilience
+	}
+	r, err := call(ctx, cl.models.CreateModelGroup, req)
 	if err != nil {
 		return err
 	}
 	return p.one(r.GetModelGroup(), r.GetModelGroup())
 }
 
+func runModelGroupGrant(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	pos, err := a.parse(fs, c, 2, 2)
+	if err != nil {
+		return err
+	}
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.models.GrantModelGroup, &adminv1.GrantModelGroupRequest{ModelGroup: pos[0], OrgId: pos[1]})
+	if err != nil {
+		return err
+	}
+	if p.format != outTable {
+		return p.message(r)
+	}
+	return list(p, []*adminv1.ModelGroupGrant{r.GetGrant()}, grantColumns)
+}
+
+func runModelGroupRevoke(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	pos, err := a.parse(fs, c, 2, 2)
+	if err != nil {
+		return err
+	}
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.models.RevokeModelGroup, &adminv1.RevokeModelGroupRequest{ModelGroup: pos[0], OrgId: pos[1]})
+	if err != nil {
+		return err
+	}
+	if p.format != outTable {
+		return p.message(r)
+	}
+	_, err = fmt.Fprintf(p.w, "revoked: org %s may no longer use model group %s\n", pos[1], pos[0])
+	return err
+}
+
 func runModelGroupUpdate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
-	g := &adminv1.ModelGroup{}
+	g := &adminv1.ModelGroup{Routing: &adminv1.ModelGroupRouting{}}
 	f := newFields(fs)
-	f.String(&g.Description, "description", "description", "what the group serves")
+	modelGroupFields(f, g)
+	f.add("platform-wide", "platform_wide", (*boolValue)(&g.PlatformWide), "visible to every org; --platform-wide=false takes it away from orgs without a grant")
+	routingFields(f, g.Routing)
 	f.Clearable()
 	pos, err := a.parse(fs, c, 1, 1)
 	if err != nil {
@@ -150,6 +202,23 @@ func runModelGroupUpdate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	return p.one(r.GetModelGroup(), r.GetModelGroup())
+}
+
+// routingFields registers the flags of a model group's routing settings
+// (docs/routing.md, "Strategies").
+func routingFields(f *fields, r *adminv1.ModelGroupRouting) {
+	f.String(&r.Strategy, "strategy", "routing.strategy",
+		"routing `STRATEGY`: weighted_shuffle, affinity, least_outstanding or engine_load (empty: the defaults by traffic class)")
+	f.Duration(&r.SessionTtl, "session-ttl", "routing.session_ttl", "how long a session pin lives after its last use (default 1h; affinity only)")
+	f.FloatValue(&r.LoadFactor, "load-factor", "routing.load_factor", "bounded-load factor c, 1–10 (default 1.25; affinity only)")
+}
+
+// nonEmptyRouting is r, or nil when nothing is set.
+func nonEmptyRouting(r *adminv1.ModelGroupRouting) *adminv1.ModelGroupRouting {
+	if r == nil || proto.Size(r) == 0 {
+		return nil
+	}
+	return r
 }
 
 func deploymentCommand() *command {

@@ -18,6 +18,15 @@ func TestModelGroupsAndDeployments(t *testing.T) {
 	require.Equal(t, "qwen-30b", g["name"])
 	require.Contains(t, root.ok("mg", "list"), "qwen-30b")
 	require.Equal(t, "Qwen3 30B A3B", root.okJSON("model-group", "update", "qwen-30b", "--description", "Qwen3 30B A3B")["description"])
+	up := root.okJSON("model-group", "update", "qwen-30b", "--strategy", "affinity", "--session-ttl", "2h", "--load-factor", "2")
+	require.Equal(t, map[string]any{"strategy": "affinity", "session_ttl": "7200s", "load_factor": 2.0}, up["routing"])
+	up = root.okJSON("model-group", "update", "qwen-30b", "--strategy", "engine_load", "--clear", "session-ttl", "--clear", "load-factor")
+	require.Equal(t, map[string]any{"strategy": "engine_load"}, up["routing"])
+	require.Contains(t, root.fail("model-group", "update", "qwen-30b", "--strategy", "fastest"), "routing.strategy")
+	require.Contains(t, root.fail("model-group", "create", "other", "--strategy", "least_outstanding", "--session-ttl", "1h"), "routing.session_ttl")
+	g = root.okJSON("model-group", "create", "batchy", "--strategy", "weighted_shuffle")
+	require.Equal(t, map[string]any{"strategy": "weighted_shuffle"}, g["routing"])
+	require.Contains(t, root.ok("model-group", "delete", "batchy"), "Deleted model group batchy")
 
 	const secret = "sk-upstream-cli-secret"
 	credFile := filepath.Join(t.TempDir(), "cred")
@@ -41,7 +50,7 @@ func TestModelGroupsAndDeployments(t *testing.T) {
 		"--upstream-model", "m", "--free")
 	require.Equal(t, true, free["free"])
 
-	up := root.okJSON("deployment", "update", id, "--weight", "5", "--output-price", "0.000001", "--tools=false", "--clear", "tags")
+	up = root.okJSON("deployment", "update", id, "--weight", "5", "--output-price", "0.000001", "--tools=false", "--clear", "tags")
 	require.Equal(t, 5.0, up["weight"])
 	require.Equal(t, map[string]any{"input_per_token": 2e-7, "output_per_token": 1e-6}, up["prices"])
 	require.Equal(t, map[string]any{"max_input_tokens": "32768"}, up["capabilities"])

@@ -5,6 +5,7 @@ import (
 	"flag"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -41,7 +42,12 @@ func orgCommand() *command {
 				return r.GetOrgs(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("update", "ORG_ID", "change the fields given as flags (--clear FLAG unsets one)", runOrgUpdate),
+		updateCommand("org", func() *adminv1.Org { return &adminv1.Org{} }, orgFields,
+			func(ctx context.Context, c *clients, id string, o *adminv1.Org, mask *fieldmaskpb.FieldMask) (*adminv1.Org, error) {
+				o.Id = id
+				r, err := call(ctx, c.orgs.UpdateOrg, &adminv1.UpdateOrgRequest{Org: o, UpdateMask: mask})
+				return r.GetOrg(), err
+			}),
 		deleteCommand("org", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 			return call(ctx, c.orgs.DeleteOrg, &adminv1.DeleteOrgRequest{Id: id})
 		}),
@@ -72,32 +78,6 @@ func runOrgCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.orgs.CreateOrg, &adminv1.CreateOrgRequest{Name: o.Name, Limits: o.Limits, Metadata: o.Metadata})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetOrg(), r.GetOrg())
-}
-
-func runOrgUpdate(ctx context.Context, a *app, c *cmdArgs) error {
-	fs := a.flags(c)
-	o := &adminv1.Org{}
-	f := newFields(fs)
-	orgFields(f, o)
-	f.Clearable()
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	mask, err := f.updateMask()
-	if err != nil {
-		return err
-	}
-	o.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	r, err := call(ctx, cl.orgs.UpdateOrg, &adminv1.UpdateOrgRequest{Org: o, UpdateMask: mask})
 	if err != nil {
 		return err
 	}

@@ -84,9 +84,9 @@ func rootCommand() *command {
 	return &command{subs: []*command{
 		loginCommand(), contextCommand(), whoamiCommand(),
 		orgCommand(), teamCommand(), memberCommand(), userCommand(), keyCommand(),
-		customerCommand(), tokenCommand(), auditCommand(),
+		customerCommand(), issuerCommand(), tokenCommand(), auditCommand(),
 		fleetCommand(), rolloutCommand(), regionCommand(), spendCommand(), alertsCommand(),
-		modelGroupCommand(), deploymentCommand(),
+		modelGroupCommand(), deploymentCommand(), trafficCommand(), applyCommand(), getCommand(), importCommand(), explainCommand(),
 	}}
 }
 

@@ -51,7 +51,7 @@ func TestMain(m *testing.M) {
 		} {
 			cmd := exec.Command("go", "build", "-o", out, pkg)
 			if b, err := cmd.CombinedOutput(); err != nil {
-				bins.err = errors.Join(bins.err, fmt.Errorf("go build %s: %v\n%s", pkg, err, b))
+				bins.err = errors.Join(bins.err, fmt.Errorf("go build %s: %w\n%s", pkg, err, b))
 			}
 		}
 		return m.Run()
@@ -120,10 +120,11 @@ func startServerNATS(t *testing.T) (string, string, string) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
-		case <-exited:
+		case err := <-exited:
+			t.Logf("exit: %v", err)
 		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
-			<-exited
+			t.Logf("killed after 10 s: %v", <-exited)
 		}
 		if t.Failed() {
 			t.Logf("sluice control output:\n%s", logs.String())
@@ -453,6 +454,17 @@ func TestAuditVerifyReportsABrokenChain(t *testing.T) {
 		root.ok("org", "create", name)
 	}
 	require.Equal(t, "OK: 3 audit records checked, chain intact.\n", root.ok("audit", "verify"))
+	// The server checks a bounded page per call; sluicectl walks them all.
+	require.Equal(t, "OK: 3 audit records checked, chain intact.\n", root.ok("audit", "verify", "--page-size", "1"))
+	require.Contains(t, root.fail("audit", "verify", "--page-size", "50001"), "--page-size must be between 1 and 50000")
+	// An org token verifies its org's records only: the org's creation
+	// and the token's, never the other orgs'.
+	orgA := root.okJSON("org", "create", "--name", "d")["id"].(string)
+	var created map[string]any
+	require.NoError(t, json.Unmarshal([]byte(root.ok("-o", "json", "token", "create", "--scope", "org", "--org", orgA, "--role", "viewer", "--name", "d-viewer")), &created))
+	orgView := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+created["token"].(string))
+	require.Equal(t, "OK: 2 audit records checked, chain intact.\n", orgView.ok("audit", "verify"))
+	require.Equal(t, "OK: 5 audit records checked, chain intact.\n", root.ok("audit", "verify"))
 
 	// Edit record 2 behind the API's back (the append-only trigger is
 	// bypassed the way a database superuser could).

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -29,6 +30,7 @@ func teamFields(f *fields, t *adminv1.Team) {
 	f.Metadata(&t.Metadata)
 	f.TrafficClass(&t.TrafficClass, "traffic-class", "traffic_class", "traffic class of the team's keys: interactive, agent or batch")
 	f.Map(&t.ModelGroupAliases, "model-group-alias", "model_group_aliases", "requested model → model group, `REQUESTED=GROUP` (repeatable; on update it replaces the map)")
+	f.Fallbacks(&t.Fallbacks, "fallbacks", "fallbacks", "fallback model groups of a group for the team's keys, `GROUP=FB1,FB2` (repeatable; GROUP= turns them off; on update it replaces the map)")
 }
 
 func teamCommand() *command {
@@ -49,7 +51,12 @@ func teamCommand() *command {
 				return r.GetTeams(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("update", "TEAM_ID", "change the fields given as flags (--clear FLAG unsets one)", runTeamUpdate),
+		updateCommand("team", func() *adminv1.Team { return &adminv1.Team{} }, teamFields,
+			func(ctx context.Context, c *clients, id string, o *adminv1.Team, mask *fieldmaskpb.FieldMask) (*adminv1.Team, error) {
+				o.Id = id
+				r, err := call(ctx, c.teams.UpdateTeam, &adminv1.UpdateTeamRequest{Team: o, UpdateMask: mask})
+				return r.GetTeam(), err
+			}),
 		deleteCommand("team", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 			return call(ctx, c.teams.DeleteTeam, &adminv1.DeleteTeamRequest{Id: id})
 		}),
@@ -83,34 +90,8 @@ func runTeamCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	}
 	r, err := call(ctx, cl.teams.CreateTeam, &adminv1.CreateTeamRequest{
 		OrgId: t.OrgId, Name: t.Name, Limits: t.Limits, Metadata: t.Metadata,
-		TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases,
+		TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases, Fallbacks: t.Fallbacks,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetTeam(), r.GetTeam())
-}
-
-func runTeamUpdate(ctx context.Context, a *app, c *cmdArgs) error {
-	fs := a.flags(c)
-	t := &adminv1.Team{}
-	f := newFields(fs)
-	teamFields(f, t)
-	f.Clearable()
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	mask, err := f.updateMask()
-	if err != nil {
-		return err
-	}
-	t.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	r, err := call(ctx, cl.teams.UpdateTeam, &adminv1.UpdateTeamRequest{Team: t, UpdateMask: mask})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 
 	"google.golang.org/protobuf/proto"
 
@@ -40,7 +41,56 @@ func tokenCommand() *command {
 			r, err := call(ctx, c.tokens.RevokeAdminToken, &adminv1.RevokeAdminTokenRequest{Id: id})
 			return r.GetAdminToken(), err
 		}),
+		deleteCommand("admin token", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
+			return call(ctx, c.tokens.DeleteAdminToken, &adminv1.DeleteAdminTokenRequest{Id: id})
+		}),
+		leaf("rotate", "TOKEN_ID", "give a token a new secret (printed once); --grace keeps the old one working for a while", runTokenRotate),
+		leaf("expire", "TOKEN_ID", "set a token's expiry (--at), or clear it (--never)", runTokenExpire),
 	}, "tokens")
+}
+
+func runTokenRotate(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	req := &adminv1.RotateAdminTokenRequest{}
+	fs.StringVar(&req.GracePeriod, "grace", "", "how long the old secret keeps working, e.g. 1h or 7d (at most 30d; default: refused at once)")
+	pos, err := a.parse(fs, c, 1, 1)
+	if err != nil {
+		return err
+	}
+	req.Id = pos[0]
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.tokens.RotateAdminToken, req)
+	if err != nil {
+		return err
+	}
+	return p.one(r, r.GetAdminToken(), [2]string{"token (shown once)", r.GetToken()})
+}
+
+func runTokenExpire(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	req := &adminv1.UpdateAdminTokenExpiryRequest{}
+	fs.Var(&timeValue{p: &req.ExpireTime}, "at", "new expiry: RFC 3339 time, a date, or a duration from now (30d, 12h)")
+	never := fs.Bool("never", false, "clear the expiry")
+	pos, err := a.parse(fs, c, 1, 1)
+	if err != nil {
+		return err
+	}
+	if (req.ExpireTime == nil) == !*never {
+		return errors.New("give exactly one of --at and --never")
+	}
+	req.Id = pos[0]
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.tokens.UpdateAdminTokenExpiry, req)
+	if err != nil {
+		return err
+	}
+	return p.one(r.GetAdminToken(), r.GetAdminToken())
 }
 
 func runTokenCreate(ctx context.Context, a *app, c *cmdArgs) error {
@@ -48,7 +98,7 @@ func runTokenCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	req := &adminv1.CreateAdminTokenRequest{}
 	fs.StringVar(&req.Name, "name", "", "name of the token, for humans (default: SCOPE-ROLE, e.g. org-admin)")
 	fs.Var(newEnum(&req.Scope, adminv1.Scope_value, "SCOPE_"), "scope", "platform, org or team (default: team with --team, org with --org)")
-	fs.StringVar(&req.OrgId, "org", "", "org the token is scoped to (org and team scopes; default: your token's org)")
+	fs.StringVar(&req.OrgId, "org", "", "org the token is scoped to (org and team scopes; default: the org of --team, else your token's org)")
 	fs.StringVar(&req.TeamId, "team", "", "team the token is scoped to (team scope; default: your token's team)")
 	fs.Var(newEnum(&req.Role, adminv1.Role_value, "ROLE_"), "role", "viewer, editor or admin (required)")
 	fs.Var(&timeValue{p: &req.ExpireTime}, "expires", "expiry: RFC 3339 time, a date, or a duration from now (30d, 12h); default: never")
@@ -74,6 +124,14 @@ func runTokenCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	cl, p, err := a.connect()
 	if err != nil {
 		return err
+	}
+	if req.TeamId != "" && req.OrgId == "" {
+		// A team names its org: resolve it rather than ask for --org.
+		t, err := call(ctx, cl.teams.GetTeam, &adminv1.GetTeamRequest{Id: req.TeamId})
+		if err != nil {
+			return fmt.Errorf("token create: resolve the org of team %s: %w", req.TeamId, err)
+		}
+		req.OrgId = t.GetTeam().GetOrgId()
 	}
 	r, err := call(ctx, cl.tokens.CreateAdminToken, req)
 	if err != nil {

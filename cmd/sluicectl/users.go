@@ -5,6 +5,7 @@ import (
 	"flag"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -45,7 +46,12 @@ func userCommand() *command {
 				return r.GetUsers(), r.GetNextPageToken(), err
 			}
 		}),
-		leaf("update", "USER_ID", "change the fields given as flags (--clear FLAG unsets one)", runUserUpdate),
+		updateCommand("user", func() *adminv1.User { return &adminv1.User{} }, userFields,
+			func(ctx context.Context, c *clients, id string, o *adminv1.User, mask *fieldmaskpb.FieldMask) (*adminv1.User, error) {
+				o.Id = id
+				r, err := call(ctx, c.users.UpdateUser, &adminv1.UpdateUserRequest{User: o, UpdateMask: mask})
+				return r.GetUser(), err
+			}),
 		deleteCommand("user", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 			return call(ctx, c.users.DeleteUser, &adminv1.DeleteUserRequest{Id: id})
 		}),
@@ -79,32 +85,6 @@ func runUserCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	r, err := call(ctx, cl.users.CreateUser, &adminv1.CreateUserRequest{
 		OrgId: u.OrgId, Email: u.Email, DisplayName: u.DisplayName, Limits: u.Limits, Metadata: u.Metadata,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetUser(), r.GetUser())
-}
-
-func runUserUpdate(ctx context.Context, a *app, c *cmdArgs) error {
-	fs := a.flags(c)
-	u := &adminv1.User{}
-	f := newFields(fs)
-	userFields(f, u)
-	f.Clearable()
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	mask, err := f.updateMask()
-	if err != nil {
-		return err
-	}
-	u.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
-	r, err := call(ctx, cl.users.UpdateUser, &adminv1.UpdateUserRequest{User: u, UpdateMask: mask})
 	if err != nil {
 		return err
 	}

@@ -53,3 +53,7 @@ if ! port_open 4222; then
     -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server
 fi
 wait_for nats port_open 4222
+
+# Chromium (Debian's package) for the web console's browser tests
+# (cmd/sluice/console_test.go drives it headless).
+need_pkg chromium chromium

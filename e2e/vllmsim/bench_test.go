@@ -255,7 +255,7 @@ func runAgentsStarveChat(b *testing.B, policy Policy, scale float64) (idle, load
 			}
 			if bytes.Contains(line, []byte(`"content":"`)) && !bytes.Contains(line, []byte(`"role"`)) {
 				ttft := time.Duration(float64(time.Since(start)) * scale)
-				io.Copy(io.Discard, resp.Body)
+				_, _ = io.Copy(io.Discard, resp.Body)
 				return ttft
 			}
 		}

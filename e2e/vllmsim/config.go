@@ -105,7 +105,19 @@ type Faults struct {
 	// ResetProbability is the fraction of new connections that are reset
 	// right after they are accepted.
 	ResetProbability float64
+	// Metrics breaks GET /metrics: MetricsHang (the answer never comes;
+	// the request is held until the client leaves), MetricsGone (404), or
+	// MetricsFrozen (the page as of the first scrape after the fault was
+	// set, forever). "" serves it normally.
+	Metrics string
 }
+
+// Metrics faults (Faults.Metrics).
+const (
+	MetricsHang   = "hang"
+	MetricsGone   = "gone"
+	MetricsFrozen = "frozen"
+)
 
 // Config configures a simulated vLLM server.
 type Config struct {
@@ -269,6 +281,11 @@ func (f Faults) Validate() error {
 	}
 	if f.CutAfterChunks < 0 {
 		add("fault-cut-after must not be negative, got %d", f.CutAfterChunks)
+	}
+	switch f.Metrics {
+	case "", MetricsHang, MetricsGone, MetricsFrozen:
+	default:
+		add("metrics fault must be empty, %q, %q or %q, got %q", MetricsHang, MetricsGone, MetricsFrozen, f.Metrics)
 	}
 	if f.ResetProbability < 0 || f.ResetProbability > 1 {
 		add("fault-reset-probability must be in [0, 1], got %v", f.ResetProbability)

@@ -123,7 +123,12 @@
 // vllm:prompt_tokens_total, vllm:generation_tokens_total,
 // vllm:request_success_total{finished_reason},
 // vllm:time_to_first_token_seconds, vllm:request_queue_time_seconds and
-// vllm:e2e_request_latency_seconds. Durations are simulated seconds.
+// vllm:e2e_request_latency_seconds. Durations are simulated seconds. One
+// simulator-only series records what priority requests arrived with:
+// vllm_sim:request_priority_total{priority,outcome}, priority the decimal
+// value or "none" when the request carried none, outcome "accepted" or
+// "rejected" (a non-zero priority on an fcfs engine); Server.ReceivedPriorities
+// gives the same counts in process.
 //
 // # Fault injection
 //

@@ -204,7 +204,17 @@ func (e *engine) deliver(res *StepResult) {
 		j.mu.Lock()
 		c.numTokens++
 		if j.stream {
-			j.events = append(j.events, jobEvent{choice: c.index, text: ev.Text})
+			// A sequence samples at most one token a step, so one that
+			// finished in this step finished on this token: its finish
+			// reason goes on the token's event, in the same critical
+			// section, so the handler can never take the token without it
+			// (as in vLLM, the last delta carries finish_reason).
+			je := jobEvent{choice: c.index, text: ev.Text}
+			if ev.Seq.status == StatusFinished {
+				je.finish = ev.Seq.reason
+				c.finishQueued = true
+			}
+			j.events = append(j.events, je)
 		} else {
 			c.text.WriteString(ev.Text)
 		}
@@ -225,12 +235,10 @@ func (e *engine) deliver(res *StepResult) {
 		c.cachedTokens = ev.Seq.NumCachedTokens()
 		j.remaining--
 		done := j.remaining == 0
-		if j.stream {
-			if n := len(j.events); n > 0 && j.events[n-1].choice == c.index && j.events[n-1].finish == "" {
-				j.events[n-1].finish = ev.Reason
-			} else {
-				j.events = append(j.events, jobEvent{choice: c.index, finish: ev.Reason, noText: true})
-			}
+		if j.stream && !c.finishQueued {
+			// Finished without sampling (a prefill-only sequence): a finish-only event.
+			j.events = append(j.events, jobEvent{choice: c.index, finish: ev.Reason, noText: true})
+			c.finishQueued = true
 		}
 		j.mu.Unlock()
 		if done {
@@ -272,6 +280,7 @@ type choice struct {
 	numTokens    int
 	reason       FinishReason
 	cachedTokens int
+	finishQueued bool // streaming: the finish reason is in an event
 }
 
 // jobEvent is one output token of a choice, or the finish of a choice whose

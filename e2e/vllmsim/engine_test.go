@@ -2,6 +2,7 @@ package vllmsim
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -98,11 +99,11 @@ func TestEngineStopFailsRequests(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		cancel()
-		<-done
-		if _, err := j.state(); err != errEngineStopped {
+		t.Logf("engine stopped: %v", <-done)
+		if _, err := j.state(); !errors.Is(err, errEngineStopped) {
 			t.Errorf("job error %v, want errEngineStopped", err)
 		}
-		if err := e.submit(newJob(false, []int{1}), []SequenceSpec{{ID: "b", Prompt: ids(1, 1), MaxTokens: 1}}); err != errEngineStopped {
+		if err := e.submit(newJob(false, []int{1}), []SequenceSpec{{ID: "b", Prompt: ids(1, 1), MaxTokens: 1}}); !errors.Is(err, errEngineStopped) {
 			t.Errorf("submit after stop: %v", err)
 		}
 		if st, _ := e.stats(); st.NumUnfinished != 0 || st.KVCacheUsage != 0 {
@@ -121,6 +122,6 @@ func TestEngineStopFailsRequests(t *testing.T) {
 			t.Errorf("after restart: done %v, error %v", ok, err)
 		}
 		cancel()
-		<-done
+		t.Logf("engine stopped: %v", <-done)
 	})
 }

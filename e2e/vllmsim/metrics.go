@@ -87,25 +87,14 @@ func writeMetrics(w io.Writer, model string, st Stats) error {
 	return bw.Flush()
 }
 
+// header and sample leave write errors to bw.Flush: a bufio.Writer's
+// first error sticks and every later write is a no-op.
 func header(w *bufio.Writer, name, help, typ string) {
-	w.WriteString("# HELP ")
-	w.WriteString(name)
-	w.WriteByte(' ')
-	w.WriteString(help)
-	w.WriteString("\n# TYPE ")
-	w.WriteString(name)
-	w.WriteByte(' ')
-	w.WriteString(typ)
-	w.WriteByte('\n')
+	_, _ = w.WriteString("# HELP " + name + " " + help + "\n# TYPE " + name + " " + typ + "\n")
 }
 
 func sample(w *bufio.Writer, name, labels string, v float64) {
-	w.WriteString(name)
-	w.WriteByte('{')
-	w.WriteString(labels)
-	w.WriteString("} ")
-	w.WriteString(formatFloat(v))
-	w.WriteByte('\n')
+	_, _ = w.WriteString(name + "{" + labels + "} " + formatFloat(v) + "\n")
 }
 
 func histogram(w *bufio.Writer, name, help, labels string, h Histogram) {

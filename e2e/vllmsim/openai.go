@@ -48,7 +48,7 @@ func errorBody(e *apiError) []byte {
 func writeAPIError(w http.ResponseWriter, e *apiError) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.status)
-	w.Write(errorBody(e))
+	_, _ = w.Write(errorBody(e))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -59,7 +59,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	w.Write(b)
+	_, _ = w.Write(b)
 }
 
 // routes builds the HTTP API.
@@ -75,6 +75,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
+	s.protocolRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
 	})
@@ -173,11 +174,39 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 }
 
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
-	st, _ := s.eng.stats()
+	switch s.faults.Load().Metrics {
+	case MetricsHang:
+		<-r.Context().Done()
+		return
+	case MetricsGone:
+		http.NotFound(w, r)
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-	if err := writeMetrics(w, s.names[0], st); err != nil {
+	if s.faults.Load().Metrics == MetricsFrozen {
+		page := s.frozenMetrics.Load()
+		if page == nil {
+			b := s.metricsPage()
+			s.frozenMetrics.CompareAndSwap(nil, &b)
+			page = s.frozenMetrics.Load()
+		}
+		_, _ = w.Write(*page)
+		return
+	}
+	_, _ = w.Write(s.metricsPage())
+}
+
+// metricsPage renders the /metrics page now.
+func (s *Server) metricsPage() []byte {
+	var b bytes.Buffer
+	st, _ := s.eng.stats()
+	if err := writeMetrics(&b, s.names[0], st); err != nil {
 		s.log.Debug("write metrics", slog.Any("error", err))
 	}
+	if err := writePriorityMetrics(&b, s.names[0], s.prios.snapshot()); err != nil {
+		s.log.Debug("write metrics", slog.Any("error", err))
+	}
+	return b.Bytes()
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
@@ -271,7 +300,7 @@ func (s *Server) checkModel(name string) *apiError {
 // over the body field. Under fcfs a non-zero priority is refused, as vLLM's
 // input processor does.
 func (s *Server) priorityOf(r *http.Request, body *int) (int, *apiError) {
-	p := 0
+	p, present := 0, body != nil
 	if body != nil {
 		p = *body
 	}
@@ -280,11 +309,13 @@ func (s *Server) priorityOf(r *http.Request, body *int) (int, *apiError) {
 		if err != nil {
 			return 0, badRequest("invalid X-Vllm-Priority header %q: must be an integer", h)
 		}
-		p = v
+		p, present = v, true
 	}
 	if p != 0 && s.cfg.SchedulingPolicy != PolicyPriority {
+		s.prios.record(present, p, true)
 		return 0, badRequest("Got priority %d but Priority scheduling is not enabled.", p)
 	}
+	s.prios.record(present, p, false)
 	return p, nil
 }
 
@@ -326,10 +357,13 @@ func (s *Server) buildSpecs(idBase string, ordinal uint64, prompts [][]TokenID, 
 				return nil, nil, &apiError{status: 400, typ: "BadRequestError", param: "max_tokens",
 					message: fmt.Sprintf("max_tokens must be at least 1, got %d.", maxTokens)}
 			}
-			if pl+maxTokens > s.cfg.MaxModelLen {
+			// Compared without adding: pl+maxTokens overflows for a
+			// max_tokens near 2^63 (pl < MaxModelLen here). The total is
+			// printed in uint64, which holds it (both are below 2^63).
+			if maxTokens > s.cfg.MaxModelLen-pl {
 				return nil, nil, &apiError{status: 400, typ: "BadRequestError", param: "max_tokens",
 					message: fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d output tokens and your prompt contains at least %d input tokens, for a total of at least %d tokens. Please reduce the length of the %s or the number of requested output tokens.",
-						s.cfg.MaxModelLen, maxTokens, pl, pl+maxTokens, what)}
+						s.cfg.MaxModelLen, maxTokens, pl, uint64(pl)+uint64(maxTokens), what)}
 			}
 		} else if p.defaultMax > 0 {
 			maxTokens = min(p.defaultMax, maxTokens)
@@ -841,7 +875,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, chat boo
 			buf = append(buf, errorBody(&apiError{status: 500, typ: "InternalServerError", message: err.Error()})...)
 			buf = append(buf, "\n\n"...)
 			buf = append(buf, doneEvent...)
-			w.Write(buf)
+			_, _ = w.Write(buf)
 			rc.Flush()
 			return
 		}
@@ -872,7 +906,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, j *job, chat boo
 
 // cut writes what the stream has so far and drops the connection.
 func (s *Server) cut(rc *http.ResponseController, w http.ResponseWriter, buf []byte) {
-	w.Write(buf)
+	_, _ = w.Write(buf)
 	rc.Flush()
 	s.log.Debug("fault: stream cut")
 	panic(http.ErrAbortHandler)

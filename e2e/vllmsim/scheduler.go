@@ -361,7 +361,7 @@ func (s *Scheduler) Add(spec SequenceSpec) (*Sequence, error) {
 		return nil, fmt.Errorf("sequence %s: empty prompt", spec.ID)
 	case spec.MaxTokens < 0:
 		return nil, fmt.Errorf("sequence %s: negative max tokens %d", spec.ID, spec.MaxTokens)
-	case len(spec.Prompt)+spec.MaxTokens > s.cfg.MaxModelLen:
+	case len(spec.Prompt) > s.cfg.MaxModelLen || spec.MaxTokens > s.cfg.MaxModelLen-len(spec.Prompt): // no overflow near 2^63
 		return nil, fmt.Errorf("sequence %s: %d prompt + %d output tokens exceed max model len %d",
 			spec.ID, len(spec.Prompt), spec.MaxTokens, s.cfg.MaxModelLen)
 	}

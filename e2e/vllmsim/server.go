@@ -32,6 +32,9 @@ type Server struct {
 
 	ordinal atomic.Uint64 // requests seen, for per-request seeds and IDs
 	faults  atomic.Pointer[Faults]
+	// frozenMetrics is the /metrics page a MetricsFrozen fault serves.
+	frozenMetrics atomic.Pointer[[]byte]
+	prios         priorityLog // priorities requests arrived with
 
 	rngMu sync.Mutex
 	rng   *rand.Rand // fault draws
@@ -40,6 +43,9 @@ type Server struct {
 	ln    *switchListener // set while Serve runs
 	conns map[net.Conn]struct{}
 	timer *time.Timer // re-opens the listener after a refuse-for fault
+
+	// responses are the stored Responses of /v1/responses (protocols.go).
+	responses responseStore
 
 	// set by Start
 	stop context.CancelFunc
@@ -86,6 +92,7 @@ func (s *Server) SetFaults(f Faults) error {
 	if err := f.Validate(); err != nil {
 		return fmt.Errorf("faults: %w", err)
 	}
+	s.frozenMetrics.Store(nil)
 	s.faults.Store(&f)
 	return nil
 }
@@ -355,7 +362,7 @@ func (l *switchListener) Accept() (net.Conn, error) {
 		}
 		if l.srv.chance(l.srv.faults.Load().ResetProbability) {
 			if tc, ok := c.(*net.TCPConn); ok {
-				tc.SetLinger(0) // close with RST
+				_ = tc.SetLinger(0) // close with RST
 			}
 			c.Close()
 			continue

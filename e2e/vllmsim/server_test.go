@@ -379,7 +379,7 @@ func TestHTTPPriorityHeaderOrdersTheQueue(t *testing.T) {
 		go func() {
 			resp, err := s.post(context.Background(), "/v1/chat/completions", body, headers...)
 			if err == nil {
-				io.Copy(io.Discard, resp.Body)
+				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
 				if resp.StatusCode != http.StatusOK {
 					err = errors.New(resp.Status)
@@ -531,7 +531,9 @@ func TestHTTPFaultStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var e errorResponse
-	json.NewDecoder(resp.Body).Decode(&e)
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatal(err)
+	}
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "2" || e.Error.Code != 429 || e.Error.Message == "" {
 		t.Errorf("429 fault: status %d retry-after %q body %+v", resp.StatusCode, resp.Header.Get("Retry-After"), e)
@@ -618,7 +620,7 @@ func postFresh(s *sim, body any, headers ...string) error {
 	if err != nil {
 		return err
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return errors.New(resp.Status)

@@ -39,14 +39,13 @@ func starvationConfig(policy Policy) EngineConfig {
 }
 
 type starvationResult struct {
-	idleTTFT     time.Duration
-	chatTTFT     []time.Duration // one per probe, in arrival order
-	chatQueued   []time.Duration
-	agentTurns   int
-	stats        Stats
-	medianRatio  float64
-	minRatio     float64
-	chatPriority int
+	idleTTFT    time.Duration
+	chatTTFT    []time.Duration // one per probe, in arrival order
+	chatQueued  []time.Duration
+	agentTurns  int
+	stats       Stats
+	medianRatio float64
+	minRatio    float64
 }
 
 func agentOutput(agent, turn int) int {

@@ -168,10 +168,10 @@ func forEachPiece(s string, fn func(string)) {
 			}
 			i = j
 		default:
-			if ok, w := isLetterAt(s, i); ok {
+			if ok, _ := isLetterAt(s, i); ok {
 				n := 0
 				for i < len(s) && n < maxLetterRun {
-					ok, w = isLetterAt(s, i)
+					ok, w := isLetterAt(s, i)
 					if !ok {
 						break
 					}

@@ -19,6 +19,8 @@ const (
 	Key        = "key"
 	Customer   = "cus"
 	AdminToken = "tok"
+	Issuer     = "iss"
+	Webhook    = "whk"
 )
 
 // New returns a new identifier with the given prefix.

@@ -9,7 +9,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -155,4 +157,63 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	}
 	t.Cleanup(pool.Close)
 	return pool, url
+}
+
+// BackupRestore takes an online backup of the database at srcURL with
+// pg_dump (a consistent snapshot while other sessions keep writing, as an
+// operator's backup is) and restores it with psql into a new database,
+// dropped at cleanup. It returns the new database's URL. pg_dump and psql
+// must be on PATH (the test fails otherwise).
+func BackupRestore(t testing.TB, srcURL string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("postgres is required for this test: %v", err)
+	}
+	defer admin.Close(context.Background())
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "sluice_test_restored_" + hex.EncodeToString(b[:])
+	if _, err := admin.Exec(ctx, `CREATE DATABASE `+name+` TEMPLATE template0`); err != nil {
+		t.Fatalf("create database for the restore: %v", err)
+	}
+	t.Cleanup(func() { dropDatabase(t, name) })
+	dst := withDB(name)
+	dump := exec.CommandContext(ctx, "pg_dump", "--no-owner", "--no-privileges", "--dbname", srcURL)
+	restore := exec.CommandContext(ctx, "psql", "--quiet", "--no-psqlrc", "-v", "ON_ERROR_STOP=1", "--dbname", dst)
+	pipe, err := dump.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore.Stdin = pipe
+	var dumpErr, restoreErr strings.Builder
+	dump.Stderr, restore.Stderr = &dumpErr, &restoreErr
+	restore.Stdout = io.Discard
+	if err := restore.Start(); err != nil {
+		t.Fatalf("psql is required for this test: %v", err)
+	}
+	if err := dump.Run(); err != nil {
+		_ = restore.Wait()
+		t.Fatalf("pg_dump: %v: %s", err, dumpErr.String())
+	}
+	if err := restore.Wait(); err != nil {
+		t.Fatalf("psql restore: %v: %s", err, restoreErr.String())
+	}
+	return dst
+}
+
+func dropDatabase(t testing.TB, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Errorf("drop test database: %v", err)
+		return
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`); err != nil {
+		t.Errorf("drop test database: %v", err)
+	}
 }

@@ -1,6 +1,7 @@
 package token
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -32,15 +33,15 @@ func TestCheckRejectsTypos(t *testing.T) {
 	} else {
 		body[i] = 'a'
 	}
-	if err := Check(KeyPrefix, string(body)); err != ErrChecksum {
+	if err := Check(KeyPrefix, string(body)); !errors.Is(err, ErrChecksum) {
 		t.Fatalf("typo: err = %v, want ErrChecksum", err)
 	}
 	for _, bad := range []string{"", "sk-sluice-", tok[:len(tok)-1], tok + "x", strings.Replace(tok, "sk-sluice-", "sk-sluicx-", 1), tok[:20] + "!" + tok[21:]} {
-		if err := Check(KeyPrefix, bad); err != ErrMalformed {
+		if err := Check(KeyPrefix, bad); !errors.Is(err, ErrMalformed) {
 			t.Errorf("Check(%q) = %v, want ErrMalformed", bad, err)
 		}
 	}
-	if err := Check(AdminPrefix, tok); err != ErrMalformed {
+	if err := Check(AdminPrefix, tok); !errors.Is(err, ErrMalformed) {
 		t.Errorf("key token accepted as admin token: %v", err)
 	}
 }

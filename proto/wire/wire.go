@@ -11,6 +11,62 @@
 //	2 (2026-11-29): model groups and deployments (upstream, weight,
 //	  capabilities, tags, prices, credential sealed by the key ring) in
 //	  snapshots and as event upserts and deletions.
+//
+// Changes that need no version (old data planes read new snapshots and the
+// reverse):
+//
+//	2026-12-01: Snapshot.budget_seeds (40, added with budgets under version
+//	  2) removed and reserved: data planes ask for the ledger's current
+//	  spend over request/reply instead (BudgetSeedSubject). A data plane of
+//	  an older build reads a snapshot without seeds as "no spend", so
+//	  upgrade the control plane first, then the data planes; until they
+//	  are upgraded, an old data plane that loses its Redis starts budgets
+//	  from zero.
+//	2026-12-01: Org.traffic, Deployment.traffic and ModelGroup.traffic
+//	  (traffic classes: classification rules, demotion, reserves, caps,
+//	  engine priority, queue overrides) are ignored by data planes that do
+//	  not enforce them yet and absent from older control planes' snapshots
+//	  (every setting's zero value is "off").
+//	2026-12-01: Heartbeat.rejecting (the refusal of the region's current
+//	  snapshot in progress) is ignored by older control planes and absent
+//	  from older data planes' heartbeats.
+//	2026-12-01: Team.name and User.email (70), Snapshot.trusted_issuers
+//	  (70) and the Event changes trusted_issuer/trusted_issuer_deleted
+//	  (70, 71), for JWT credentials (docs/jwt.md). Older data planes read
+//	  such snapshots without the issuers (they accept no JWTs) but cannot
+//	  apply a trusted_issuer event (ErrUnknownChange): upgrade every data
+//	  plane before the first issuer is created.
+//	2026-12-01: ExplainSubject (request/reply, sluice.config.v1.Explain*):
+//	  data planes of older builds do not subscribe, so the control plane
+//	  answers explain requests for their regions with unavailable.
+//	2026-12-01: ModelGroup.platform_wide and granted_org_ids (220, 221):
+//	  a data plane serves an org only the groups that are platform-wide or
+//	  granted to it (docs/tenancy.md). A data plane of an older build
+//	  ignores both and serves every group to every org; a data plane of
+//	  this build reading an older control plane's snapshot sees no group
+//	  as platform-wide and serves none: upgrade the control plane (whose
+//	  migration marks the existing groups platform-wide) first, then the
+//	  data planes.
+//	2026-12-01: ModelGroup.routing (160: strategy, session pin TTL,
+//	  bounded-load factor; docs/routing.md "Strategies"). Older data
+//	  planes ignore it and route by their built-in defaults; data planes
+//	  read its absence (older control planes) as the defaults.
+//	2026-12-01: ModelGroup.fallbacks and ModelGroup.resilience (180, 181),
+//	  Key.fallbacks and Team.fallbacks (180): fallback model groups and
+//	  per-group resilience settings (docs/resilience.md). Older data planes
+//	  ignore them (no fallbacks: the request gets the primary's answer;
+//	  the proxy flags apply); older control planes' snapshots lack them.
+//	  Heartbeat.ejected (180) is ignored by older control planes and absent
+//	  from older data planes' heartbeats.
+//
+// Usage messages (not snapshots) have their own encodings, named by
+// UsageEncodingHeader:
+//
+//	(none) (2026-11-29): one sluice.usage.v1.UsageEvent per message.
+//	batch.v1 (2026-12-01): one sluice.usage.v1.UsageBatch. Control planes
+//	  read both; control planes before it terminate batches (they decode
+//	  as events without a request id), so upgrade control planes first or
+//	  run data planes with --usage-batch-events 1 meanwhile.
 package wire
 
 import (
@@ -55,6 +111,55 @@ const (
 	AlertStream = "SLUICE_ALERTS"
 	// AlertSubjectAll matches every region's alert subject.
 	AlertSubjectAll = "sluice.alerts.>"
+	// BudgetSeedSubject is where a data plane asks for the ledger spend of
+	// budget scopes whose Redis state is missing (core NATS request/reply;
+	// body sluice.config.v1.BudgetSeedRequest, reply BudgetSeedReply).
+	BudgetSeedSubject = "sluice.control.budget-seeds"
+	// BudgetSeedQueue is the queue group of the control-plane replicas
+	// answering BudgetSeedSubject: one of them answers each request.
+	BudgetSeedQueue = "sluice-budget-seeds"
+)
+
+// AdmissionReleasePrefix + the model group's ReleaseToken is where a data
+// plane announces that it released a deployment slot of the group (core
+// NATS, body: the group name), so proxies with requests waiting for the
+// group try again at once (docs/traffic.md, "Wake-up").
+const AdmissionReleasePrefix = "sluice.admission.released."
+
+// AdmissionReleaseSubject is the release subject of model group: a hash,
+// since group names may hold characters a subject cannot.
+func AdmissionReleaseSubject(group string) string {
+	h := sha256.Sum256([]byte(group))
+	return fmt.Sprintf("%s%x", AdmissionReleasePrefix, h[:8])
+}
+
+// ExplainSubject is where the control plane asks a data plane of region
+// to explain a synthetic request (core NATS request/reply; body
+// sluice.config.v1.ExplainWireRequest, reply ExplainWireReply; see
+// docs/explain.md). The region's data planes subscribe in ExplainQueue, so
+// one of them answers each request.
+func ExplainSubject(region string) string { return "sluice.explain." + region }
+
+// ExplainQueue is the queue group of a region's data planes on
+// ExplainSubject.
+const ExplainQueue = "sluice-explain"
+
+// Usage message encodings. A message on a usage subject is either one
+// sluice.usage.v1.UsageEvent (no UsageEncodingHeader: the only format of
+// builds before 2026-12-01, and what a data plane publishes with
+// --usage-batch-events 1) or, with the header set to UsageEncodingBatchV1,
+// one sluice.usage.v1.UsageBatch. A control plane that finds another
+// value leaves the message in the stream for a newer build (it is
+// negatively acknowledged, never dropped). Upgrade control planes before
+// data planes publish batches (docs/ledger.md, "Batches").
+const (
+	// UsageEncodingHeader names a usage message's encoding.
+	UsageEncodingHeader = "Sluice-Usage-Encoding"
+	// UsageEncodingBatchV1 marks a UsageBatch.
+	UsageEncodingBatchV1 = "batch.v1"
+	// UsageBatchMsgIDPrefix + batch id is a batch's JetStream message id
+	// (a single event's is its request id).
+	UsageBatchMsgIDPrefix = "b:"
 )
 
 // AlertSubject is where region's data planes publish budget alerts.
@@ -122,7 +227,7 @@ func DecodeSnapshot(body []byte, ptr *configv1.SnapshotPointer) (*configv1.Snaps
 	}
 	s := &configv1.Snapshot{}
 	if err := proto.Unmarshal(body, s); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUndecodable, err)
+		return nil, fmt.Errorf("%w: %w", ErrUndecodable, err)
 	}
 	if s.GetSchemaVersion() == 0 || s.GetSchemaVersion() > SchemaVersion {
 		return nil, fmt.Errorf("%w: got %d, this build reads up to %d", ErrSchemaVersion, s.GetSchemaVersion(), SchemaVersion)

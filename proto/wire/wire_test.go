@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -96,7 +97,7 @@ func TestDecodeSnapshotRejects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := DecodeSnapshot(body, &configv1.SnapshotPointer{Version: 7, Digest: make([]byte, 32)}); err != ErrDigest {
+	if _, err := DecodeSnapshot(body, &configv1.SnapshotPointer{Version: 7, Digest: make([]byte, 32)}); !errors.Is(err, ErrDigest) {
 		t.Errorf("wrong digest: %v", err)
 	}
 	if _, err := DecodeSnapshot(body, &configv1.SnapshotPointer{Version: 8, Digest: digest}); err == nil {

@@ -32,6 +32,20 @@ LIMIT @lim;
 -- name: AuditScan :many
 SELECT * FROM audit_log WHERE seq > @after_seq ORDER BY seq LIMIT @lim;
 
+-- name: AuditScanTenant :many
+-- One tenant's records in (at, seq) order after a keyset cursor (the
+-- audit_log_org_time_idx index), each with the hash of the record just
+-- before it in the chain, whoever's that is (pred_hash is NULL when that
+-- record is missing), for the tenant's view of VerifyAuditChain.
+SELECT sqlc.embed(a), p.hash AS pred_hash
+FROM audit_log a
+LEFT JOIN audit_log p ON p.seq = a.seq - 1
+WHERE a.org_id = @org_id
+  AND (sqlc.narg(team_id)::text IS NULL OR a.team_id = sqlc.narg(team_id))
+  AND (a.at, a.seq) > (@after_at::timestamptz, @after_seq::bigint)
+ORDER BY a.at, a.seq
+LIMIT @lim;
+
 -- name: AuditCountByOrg :one
 SELECT count(*) FROM audit_log WHERE org_id = @org_id;
 

@@ -14,13 +14,18 @@ VALUES (@id, @org_id, sqlc.narg(team_id), sqlc.narg(user_id), @project, @alias, 
 
 -- name: KeyRefsExist :one
 -- Explicit existence checks of a key's org, team and user (within the
--- org), so clients get NotFound naming the missing one rather than a
--- foreign key violation.
+-- org), and of the user's membership of the team for team keys, so
+-- clients get an error naming the missing one rather than a foreign key
+-- violation.
 SELECT EXISTS (SELECT 1 FROM orgs o WHERE o.id = @org_id)::boolean AS org_ok,
        (sqlc.narg(team_id)::text IS NULL
         OR EXISTS (SELECT 1 FROM teams t WHERE t.org_id = @org_id AND t.id = sqlc.narg(team_id)))::boolean AS team_ok,
        (sqlc.narg(user_id)::text IS NULL
-        OR EXISTS (SELECT 1 FROM users u WHERE u.org_id = @org_id AND u.id = sqlc.narg(user_id)))::boolean AS user_ok;
+        OR EXISTS (SELECT 1 FROM users u WHERE u.org_id = @org_id AND u.id = sqlc.narg(user_id)))::boolean AS user_ok,
+       -- The owner of a team key must be a member of that team.
+       (sqlc.narg(team_id)::text IS NULL OR sqlc.narg(user_id)::text IS NULL
+        OR EXISTS (SELECT 1 FROM team_members m
+                   WHERE m.org_id = @org_id AND m.team_id = sqlc.narg(team_id) AND m.user_id = sqlc.narg(user_id)))::boolean AS member_ok;
 
 -- name: KeyGet :one
 SELECT * FROM keys

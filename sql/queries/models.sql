@@ -2,8 +2,8 @@
 -- org_id; every admin token may read them, platform tokens change them.
 
 -- name: ModelGroupInsert :exec
-INSERT INTO model_groups (name, description, created_at, updated_at)
-VALUES (@name, @description, @created_at, @created_at);
+INSERT INTO model_groups (name, description, platform_wide, routing, created_at, updated_at)
+VALUES (@name, @description, @platform_wide, @routing, @created_at, @created_at);
 
 -- name: ModelGroupGet :one
 SELECT * FROM model_groups WHERE name = @name;
@@ -18,7 +18,7 @@ ORDER BY name
 LIMIT @lim;
 
 -- name: ModelGroupUpdate :exec
-UPDATE model_groups SET description = @description, updated_at = @updated_at WHERE name = @name;
+UPDATE model_groups SET description = @description, platform_wide = @platform_wide, routing = @routing, updated_at = @updated_at WHERE name = @name;
 
 -- name: ModelGroupDeploymentCount :one
 SELECT count(*)::bigint FROM deployments WHERE model_group = @name;
@@ -62,3 +62,37 @@ DELETE FROM deployments WHERE id = @id;
 
 -- name: DeploymentAll :many
 SELECT * FROM deployments ORDER BY id;
+
+-- name: ModelGroupGrantInsert :exec
+INSERT INTO model_group_grants (model_group, org_id, created_at, created_by)
+VALUES (@model_group, @org_id, @created_at, @created_by);
+
+-- name: ModelGroupGrantDelete :execrows
+DELETE FROM model_group_grants WHERE model_group = @model_group AND org_id = @org_id;
+
+-- name: ModelGroupGrantOrgs :many
+SELECT org_id FROM model_group_grants WHERE model_group = @model_group ORDER BY org_id;
+
+-- name: ModelGroupGrantAll :many
+SELECT * FROM model_group_grants ORDER BY model_group, org_id;
+
+-- name: ModelGroupGrantList :many
+-- Keyset on (model_group, org_id); filters optional.
+SELECT * FROM model_group_grants
+WHERE (sqlc.narg(model_group)::text IS NULL OR model_group = sqlc.narg(model_group))
+  AND (sqlc.narg(org_id)::text IS NULL OR org_id = sqlc.narg(org_id))
+  AND (model_group, org_id) > (@after_group::text, @after_org::text)
+ORDER BY model_group, org_id
+LIMIT @lim;
+
+-- name: ModelGroupVisibleList :many
+-- The groups org_id may see: platform-wide or granted to it.
+SELECT g.* FROM model_groups g
+WHERE g.name > @after_name
+  AND (g.platform_wide OR EXISTS (SELECT 1 FROM model_group_grants m WHERE m.model_group = g.name AND m.org_id = @org_id))
+ORDER BY g.name
+LIMIT @lim;
+
+-- name: ModelGroupVisibleTo :one
+SELECT (g.platform_wide OR EXISTS (SELECT 1 FROM model_group_grants m WHERE m.model_group = g.name AND m.org_id = @org_id))::boolean
+FROM model_groups g WHERE g.name = @name;

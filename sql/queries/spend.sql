@@ -1,17 +1,6 @@
--- name: SpendLogInsert :batchone
--- The usage ledger (SPEC §9.2). One row per request; a redelivered event
--- inserts nothing and returns no row, so its caller adds it to the daily
--- aggregates only when this returned the request id.
-INSERT INTO spend_logs (request_id, at, region, instance_id, org_id, team_id, user_id, key_id, project,
-                        customer, agent_id, session_id, tags, traffic_class, route, requested_model,
-                        model_group, deployment_id, stream, prompt_tokens, completion_tokens,
-                        cached_tokens, cost_usd, status, error_code, latency_ms, ttft_ms, attempts)
-VALUES (@request_id, @at, @region, @instance_id, @org_id, @team_id, @user_id, @key_id, @project,
-        @customer, @agent_id, @session_id, @tags, @traffic_class, @route, @requested_model,
-        @model_group, @deployment_id, @stream, @prompt_tokens, @completion_tokens,
-        @cached_tokens, @cost_usd, @status, @error_code, @latency_ms, @ttft_ms, @attempts)
-ON CONFLICT (request_id) DO NOTHING
-RETURNING request_id;
+-- spend_logs rows are written by store.SpendRecord through COPY into a
+-- staging table and one INSERT ... SELECT ... ON CONFLICT DO NOTHING
+-- (controlplane/internal/store/spend.go), which sqlc cannot express.
 
 -- name: SpendDailyAdd :exec
 -- Adds pre-aggregated amounts to the daily aggregates. The caller passes

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,10 @@ func TestListAlertsNewestFirstPagedWithinTheTenant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	a := b.mkFixture("alerts")
+	// Only this test's alerts (the fixture records one for its dead
+	// delivery).
+	_, err := b.pool.Exec(context.Background(), `DELETE FROM budget_alerts`)
+	require.NoError(t, err)
 	t1, t2 := a.team1, a.team2
 	orgB := b.mkOrg("alerts-b-" + u()).Id
 	nov1 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
@@ -53,7 +58,7 @@ func TestListAlertsNewestFirstPagedWithinTheTenant(t *testing.T) {
 			ThresholdPercent: pct, SpendMicros: 5_250_000, CapMicros: 10_000_000, SoftMicros: 2_000_000, Window: "1mo",
 			WindowStart: nov1, Region: "eu", InstanceID: "dp-1", RequestID: "req_" + id}
 	}
-	_, err := b.store.AlertRecord(context.Background(), []store.BudgetAlert{
+	_, err = b.store.AlertRecord(context.Background(), []store.BudgetAlert{
 		mk("a1", at(0), t1.OrgID, t1.TeamID, "key", t1.KeyID, 50),
 		mk("a2", at(1), t1.OrgID, t1.TeamID, "key", t1.KeyID, 85),
 		mk("a3", at(2), t2.OrgID, t2.TeamID, "team", t2.TeamID, 0),
@@ -113,8 +118,9 @@ func TestListAlertsValidation(t *testing.T) {
 		want string
 	}{
 		{&adminv1.ListAlertsRequest{ScopeKind: "project"}, "scope_kind: must be one of key, user, member, team, org, customer, key_model, team_model"},
-		{&adminv1.ListAlertsRequest{ScopeId: string(make([]byte, 201))}, "scope_id: must be at most 200 bytes"},
-		{&adminv1.ListAlertsRequest{OrgId: "org_\x00"}, "org_id: must be at most 200 bytes of UTF-8 without NUL"},
+		{&adminv1.ListAlertsRequest{ScopeId: strings.Repeat("x", 201)}, "scope_id: must be at most 200 bytes"},
+		// NUL is refused for every RPC before the handler (checkText).
+		{&adminv1.ListAlertsRequest{OrgId: "org_\x00"}, "org_id: must not contain NUL"},
 		{&adminv1.ListAlertsRequest{Since: &timestamppb.Timestamp{Seconds: -1e15}}, "since: invalid timestamp"},
 		{&adminv1.ListAlertsRequest{PageToken: "bm90LWEtY3Vyc29y"}, "page_token: not a token from a previous page"},
 		{&adminv1.ListAlertsRequest{PageSize: -1}, "page_size: must not be negative"},

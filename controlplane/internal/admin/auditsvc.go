@@ -2,11 +2,18 @@ package admin
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
 	"strconv"
+	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -75,18 +82,135 @@ func (s *auditService) ListAuditEvents(ctx context.Context, req *connect.Request
 	return connect.NewResponse(resp), nil
 }
 
-func (s *auditService) VerifyAuditChain(ctx context.Context, _ *connect.Request[adminv1.VerifyAuditChainRequest]) (*connect.Response[adminv1.VerifyAuditChainResponse], error) {
+// Verification bounds: one call checks at most maxVerifyPageSize records
+// (a few seconds of database reads and hashing at most), and a replica
+// runs at most maxConcurrentVerifications at once, so verifying cannot
+// starve the admin API whatever the size of the chain.
+const (
+	defaultVerifyPageSize      = 10000
+	maxVerifyPageSize          = 50000
+	maxConcurrentVerifications = 2
+)
+
+// VerifyAuditChain verifies one page of the chain: the whole chain for
+// platform tokens, the tenant's own records for org and team tokens (see
+// the proto for what each view checks).
+func (s *auditService) VerifyAuditChain(ctx context.Context, req *connect.Request[adminv1.VerifyAuditChainRequest]) (*connect.Response[adminv1.VerifyAuditChainResponse], error) {
 	p := principal(ctx)
 	if err := authz.Check(ctx, p, authz.Read, tokenTarget(p.Scope, p.OrgID, p.TeamID, "the audit trail")); err != nil {
 		return nil, err
 	}
-	res, err := s.store.AuditVerify(ctx)
-	if err != nil {
+	m := req.Msg
+	c := &validator{}
+	limit := defaultVerifyPageSize
+	switch {
+	case m.GetPageSize() < 0:
+		c.add("page_size", "must not be negative")
+	case m.GetPageSize() > maxVerifyPageSize:
+		c.add("page_size", "must be at most %d (got %d)", maxVerifyPageSize, m.GetPageSize())
+	case m.GetPageSize() > 0:
+		limit = int(m.GetPageSize())
+	}
+	platform := p.Scope == authz.ScopePlatform
+	var after store.VerifyCursor
+	var tafter store.TenantCursor
+	if tok := m.GetPageToken(); tok != "" {
+		var ok bool
+		if platform {
+			after, ok = parsePlatformCursor(tok)
+		} else {
+			tafter, ok = parseTenantCursor(tok)
+		}
+		if !ok {
+			c.add("page_token", "not a token from a previous page of this verification")
+		}
+	}
+	if err := c.err(); err != nil {
 		return nil, err
 	}
-	out := &adminv1.VerifyAuditChainResponse{Ok: res.Break == nil, Checked: res.Checked}
-	if res.Break != nil {
-		out.BrokenSeq, out.Problem = res.Break.Seq, res.Break.Problem
+	select {
+	case s.verifySlots <- struct{}{}:
+		defer func() { <-s.verifySlots }()
+	default:
+		return nil, connect.NewError(connect.CodeResourceExhausted, fmt.Errorf(
+			"%d audit verifications are already running on this replica (the limit); retry shortly", maxConcurrentVerifications))
+	}
+	out := &adminv1.VerifyAuditChainResponse{}
+	var brk *audit.Break
+	if platform {
+		res, err := s.store.AuditVerify(ctx, after, limit)
+		if err != nil {
+			return nil, err
+		}
+		out.Checked, brk = res.Checked, res.Break
+		if res.Next != nil {
+			out.NextPageToken = platformCursor(*res.Next)
+		}
+	} else {
+		res, err := s.store.AuditVerifyTenant(ctx, tenant(ctx), tafter, limit)
+		if err != nil {
+			return nil, err
+		}
+		out.Checked, brk = res.Checked, res.Break
+		if res.Next != nil {
+			out.NextPageToken = tenantCursor(*res.Next)
+		}
+	}
+	out.Ok = brk == nil
+	if brk != nil {
+		out.BrokenSeq, out.Problem = brk.Seq, brk.Problem
 	}
 	return connect.NewResponse(out), nil
+}
+
+// Page tokens of VerifyAuditChain: "p:<seq>:<hash hex>" (platform: the
+// last record checked and its hash, which the next record must link to)
+// and "t:<unix µs>:<seq>" (tenant: the last own record checked), base64.
+func platformCursor(c store.VerifyCursor) string {
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "p:%d:%x", c.Seq, c.Hash))
+}
+
+func parsePlatformCursor(tok string) (store.VerifyCursor, bool) {
+	parts, ok := cursorParts(tok, "p")
+	if !ok {
+		return store.VerifyCursor{}, false
+	}
+	seq, err := strconv.ParseInt(parts[0], 10, 64)
+	hash, herr := hex.DecodeString(parts[1])
+	if err != nil || herr != nil || seq <= 0 || len(hash) != sha256.Size {
+		return store.VerifyCursor{}, false
+	}
+	return store.VerifyCursor{Seq: seq, Hash: hash}, true
+}
+
+func tenantCursor(c store.TenantCursor) string {
+	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "t:%d:%d", c.At.UnixMicro(), c.Seq))
+}
+
+func parseTenantCursor(tok string) (store.TenantCursor, bool) {
+	parts, ok := cursorParts(tok, "t")
+	if !ok {
+		return store.TenantCursor{}, false
+	}
+	at, err := strconv.ParseInt(parts[0], 10, 64)
+	seq, serr := strconv.ParseInt(parts[1], 10, 64)
+	if err != nil || serr != nil || seq <= 0 {
+		return store.TenantCursor{}, false
+	}
+	return store.TenantCursor{At: time.UnixMicro(at).UTC(), Seq: seq}, true
+}
+
+func cursorParts(tok, kind string) ([]string, bool) {
+	if len(tok) > 200 {
+		return nil, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return nil, false
+	}
+	parts := strings.Split(string(b), ":")
+	if len(parts) != 3 || parts[0] != kind {
+		return nil, false
+	}
+	return parts[1:], true
 }

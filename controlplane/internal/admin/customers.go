@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -21,7 +22,7 @@ import (
 type customerService struct{ *Server }
 
 const (
-	objCustomer = "customer"
+	objCustomer = string(events.ObjCustomer)
 
 	maxExternalIDLen = 200
 )
@@ -69,10 +70,6 @@ func validateCustomer(cu *adminv1.Customer) error {
 	return c.err()
 }
 
-func customerEvent(kind string, c store.Customer) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, OrgID: c.OrgID, ObjectType: objCustomer, ObjectID: c.ID}
-}
-
 func (s *customerService) CreateCustomer(ctx context.Context, req *connect.Request[adminv1.CreateCustomerRequest]) (*connect.Response[adminv1.CreateCustomerResponse], error) {
 	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
 		return nil, err
@@ -103,7 +100,7 @@ func (s *customerService) CreateCustomer(ctx context.Context, req *connect.Reque
 		if err := tx.Audit(ctx, audit.ActionCreated, objCustomer, cu.ID, cu.OrgID, "", nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, customerEvent(store.EventCustomerUpserted, cu))
+		return outbox(ctx, tx, events.CustomerUpserted, cu.OrgID, cu.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -204,7 +201,7 @@ func (s *customerService) UpdateCustomer(ctx context.Context, req *connect.Reque
 		if err := tx.Audit(ctx, audit.ActionUpdated, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, customerEvent(store.EventCustomerUpserted, cur))
+		return outbox(ctx, tx, events.CustomerUpserted, cur.OrgID, cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -213,75 +210,40 @@ func (s *customerService) UpdateCustomer(ctx context.Context, req *connect.Reque
 }
 
 func (s *customerService) DeleteCustomer(ctx context.Context, req *connect.Request[adminv1.DeleteCustomerRequest]) (*connect.Response[adminv1.DeleteCustomerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
-		return nil, err
-	}
-	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
-		return nil, err
-	}
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := customerToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.CustomerDelete(ctx, cur.ID); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionDeleted, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), nil); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, customerEvent(store.EventCustomerDeleted, cur))
-	})
-	if err != nil {
+	if err := deleteObject(ctx, s.store, customerObjects, req.Msg.GetId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteCustomerResponse{}), nil
 }
 
-func (s *customerService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Customer, error) {
-	action, kind := audit.ActionBlocked, store.EventCustomerBlocked
-	if !blocked {
-		action, kind = audit.ActionUnblocked, store.EventCustomerUnblocked
-	}
-	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
-		return nil, err
-	}
-	if err := requireID("id", id); err != nil {
-		return nil, err
-	}
-	var out *adminv1.Customer
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+// customerObjects is the object of Block/Unblock/DeleteCustomer.
+var customerObjects = mutable[store.Customer, *adminv1.Customer]{
+	object: events.ObjCustomer,
+	gate: func(ctx context.Context, id string) error {
+		if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+			return err
+		}
+		return requireID("id", id)
+	},
+	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Customer, error) {
 		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
-			return err
+			return cur, err
 		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := customerToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.CustomerSetBlocked(ctx, &cur, blocked); err != nil {
-			return err
-		}
-		if out, err = customerToProto(cur); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, action, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(out)); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, customerEvent(kind, cur))
-	})
-	return out, err
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID))
+	},
+	set: func(ctx context.Context, tx *store.Tx, cur *store.Customer, b bool) error {
+		return tx.CustomerSetBlocked(ctx, cur, b)
+	},
+	remove: func(ctx context.Context, tx *store.Tx, cur store.Customer) (any, error) {
+		return nil, tx.CustomerDelete(ctx, cur.ID)
+	},
+	toProto: customerToProto,
+	scope:   func(c store.Customer) (string, string, string) { return c.ID, c.OrgID, "" },
+}
+
+func (s *customerService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Customer, error) {
+	return setBlocked(ctx, s.store, customerObjects, id, blocked)
 }
 
 func (s *customerService) BlockCustomer(ctx context.Context, req *connect.Request[adminv1.BlockCustomerRequest]) (*connect.Response[adminv1.BlockCustomerResponse], error) {

@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 	"github.com/sluicegw/sluice/proto/wire"
@@ -25,7 +25,7 @@ type (
 	rolloutService struct{ *Server }
 )
 
-const objRegion = "region"
+const objRegion = string(events.ObjRegion)
 
 // healthLost is the health the fleet view reports for an instance whose
 // heartbeats stopped (store.DataPlaneLostAfter).
@@ -68,6 +68,17 @@ func dataPlaneToProto(d store.DataPlane, now time.Time) *adminv1.DataPlane {
 			Version: r.Version, Reason: r.Reason, Time: timestamppb.New(r.Time),
 		})
 	}
+	for _, e := range d.Ejected {
+		ej := &adminv1.EjectedDeployment{DeploymentId: e.DeploymentID, ModelGroup: e.ModelGroup, Reason: e.Reason}
+		if e.Until != nil {
+			ej.Until = timestamppb.New(*e.Until)
+		}
+		out.EjectedDeployments = append(out.EjectedDeployments, ej)
+	}
+	if r := d.Rejecting; r != nil {
+		out.Rejecting = &adminv1.Rejecting{Version: r.Version, RunningVersion: r.RunningVersion, Reason: r.Reason,
+			Since: timestamppb.New(r.Since), PastBound: r.PastBound}
+	}
 	return out
 }
 
@@ -85,12 +96,6 @@ func validateVersion(c *validator, field string, v uint64) {
 	if v == 0 {
 		c.add(field, "required: the config version to run (see GetRolloutStatus for the latest)")
 	}
-}
-
-// regionPointerEvent tells the publisher to rewrite region's KV pointer.
-func regionPointerEvent(region string) store.OutboxEvent {
-	payload, _ := json.Marshal(map[string]string{"region": region}) // a map of strings always marshals
-	return store.OutboxEvent{Kind: store.EventRegionPointer, ObjectType: objRegion, ObjectID: region, Payload: payload}
 }
 
 func (s *fleetService) ListDataPlanes(ctx context.Context, req *connect.Request[adminv1.ListDataPlanesRequest]) (*connect.Response[adminv1.ListDataPlanesResponse], error) {
@@ -162,7 +167,7 @@ func (s *rolloutService) UpsertRegion(ctx context.Context, req *connect.Request[
 		if err := tx.Audit(ctx, action, objRegion, name, "", "", before, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, regionPointerEvent(name))
+		return outbox(ctx, tx, events.RegionPointer, "", name, events.RegionPointerPayload{Region: name})
 	})
 	if err != nil {
 		return nil, err
@@ -197,6 +202,15 @@ func (s *rolloutService) GetRolloutStatus(ctx context.Context, _ *connect.Reques
 	}
 	for _, r := range regions {
 		resp.Regions = append(resp.Regions, &adminv1.RegionStatus{Region: regionToProto(r), DataPlanes: byRegion[r.Name]})
+	}
+	ep, ok, err := s.store.CurrentEpoch(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		resp.Epoch = &adminv1.DistributionEpoch{Epoch: uint64(ep.Epoch), StartTime: timestamppb.New(ep.StartedAt),
+			VersionFloor: uint64(ep.VersionFloor), FirstVersion: uint64(ep.FirstVersion), EventsFloor: uint64(ep.EventsFloor),
+			Reason: ep.Reason, Reapplied: ep.Detail.Reapplied}
 	}
 	return connect.NewResponse(resp), nil
 }
@@ -244,6 +258,13 @@ func (s *rolloutService) setVersion(ctx context.Context, name string, version ui
 		if _, err := tx.ConfigVersionGet(ctx, version); err != nil {
 			return err
 		}
+		if ep, ok, err := tx.CurrentEpoch(ctx); err != nil {
+			return err
+		} else if ok && int64(version) <= ep.VersionFloor {
+			return failedPrecondition("config version %d predates distribution epoch %d (started %s: JetStream was ahead of this database); "+
+				"its stream positions belong to the abandoned history: choose a version above %d",
+				version, ep.Epoch, ep.StartedAt.UTC().Format(time.RFC3339), ep.VersionFloor)
+		}
 		switch {
 		case !rollback && version < cur.CurrentVersion:
 			return failedPrecondition("config version %d is older than region %s's current version %d; use RollbackRegion to go back to an older version",
@@ -263,7 +284,7 @@ func (s *rolloutService) setVersion(ctx context.Context, name string, version ui
 		if err := tx.Audit(ctx, action, objRegion, name, "", "", before, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, regionPointerEvent(name))
+		return outbox(ctx, tx, events.RegionPointer, "", name, events.RegionPointerPayload{Region: name})
 	})
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	eventkinds "github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
@@ -128,7 +129,7 @@ func requireOneChange(t *testing.T, b *bundle, action, name string, call func() 
 	require.Equal(t, name, a.ObjectID)
 	require.Equal(t, "", a.OrgID)
 	ev := b.lastOutbox()
-	require.Equal(t, outboxRow{Kind: store.EventRegionPointer, ObjectType: "region", ObjectID: name,
+	require.Equal(t, outboxRow{Kind: string(eventkinds.RegionPointer), ObjectType: "region", ObjectID: name,
 		Payload: `{"region": "` + name + `"}`}, ev)
 }
 

@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	"github.com/sluicegw/sluice/internal/token"
@@ -27,13 +27,13 @@ import (
 // org-level objects, out of reach of team-scoped tokens.
 type keyService struct{ *Server }
 
-const objKey = "key"
+const objKey = string(events.ObjKey)
 
 // keyUpdatable lists the update_mask paths of UpdateKey; the org and team
 // of a key never change.
 var keyUpdatable = []string{
 	"alias", "project", "user_id", "expire_time", "tags", "traffic_class",
-	"model_group_aliases", "enforced_params", "allowed_routes", "limits", "metadata",
+	"model_group_aliases", "enforced_params", "allowed_routes", "limits", "metadata", "fallbacks",
 }
 
 // Key field bounds.
@@ -73,7 +73,7 @@ func keyToProto(k store.Key) (*adminv1.Key, error) {
 		Id: k.ID, OrgId: k.OrgID, TeamId: k.TeamID, UserId: k.UserID, Project: k.Project, Alias: k.Alias,
 		DisplayPrefix: k.DisplayPrefix, Last4: k.Last4, Tags: k.Tags, TrafficClass: tc,
 		ModelGroupAliases: k.ModelGroupAliases, EnforcedParams: k.EnforcedParams, AllowedRoutes: k.AllowedRoutes,
-		Limits: l, Blocked: k.Blocked, Metadata: k.Metadata, RotationCount: k.RotationCount,
+		Limits: l, Blocked: k.Blocked, Metadata: k.Metadata, RotationCount: k.RotationCount, Fallbacks: fallbacksToProto(k.Fallbacks),
 		CreateTime: timestamppb.New(k.CreatedAt), UpdateTime: timestamppb.New(k.UpdatedAt),
 	}
 	if k.ExpiresAt != nil {
@@ -122,6 +122,7 @@ func validateKey(k *adminv1.Key, now time.Time, checkExpiry bool) error {
 	validateRoutes(c, "allowed_routes", k.GetAllowedRoutes())
 	validateLimits(c, "limits", k.GetLimits(), LevelKey, nil)
 	validateMetadata(c, k.GetMetadata())
+	validateFallbackOverrides(c, "fallbacks", k.GetFallbacks())
 	return c.err()
 }
 
@@ -225,10 +226,6 @@ func keyWriteGate(ctx context.Context) error {
 	return authz.Check(ctx, p, authz.Write, authz.TeamTarget(p.OrgID, p.TeamID, "keys"))
 }
 
-func keyEvent(kind string, k store.Key, payload []byte) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, OrgID: k.OrgID, ObjectType: objKey, ObjectID: k.ID, Payload: payload}
-}
-
 // newKeySecret makes a token and what the store keeps of it.
 func (s *keyService) newKeySecret() (string, store.KeySecret) {
 	tok := token.Generate(token.KeyPrefix)
@@ -266,7 +263,7 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 		UserId: m.GetUserId(), Project: m.GetProject(), Alias: m.GetAlias(), ExpireTime: m.GetExpireTime(),
 		Tags: m.GetTags(), TrafficClass: m.GetTrafficClass(), ModelGroupAliases: m.GetModelGroupAliases(),
 		EnforcedParams: m.GetEnforcedParams(), AllowedRoutes: m.GetAllowedRoutes(), Limits: m.GetLimits(),
-		Metadata: m.GetMetadata(),
+		Metadata: m.GetMetadata(), Fallbacks: m.GetFallbacks(),
 	}
 	c := &validator{}
 	if len(orgID) > maxRefIDLen {
@@ -292,6 +289,9 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 		if err := tx.KeyInsert(ctx, &k, sec); err != nil {
 			return err
 		}
+		if err := setKeyFallbacks(ctx, tx, &k, nil, want.GetFallbacks()); err != nil {
+			return err
+		}
 		var err error
 		if out, err = keyToProto(k); err != nil {
 			return err
@@ -299,7 +299,7 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 		if err := tx.Audit(ctx, audit.ActionCreated, objKey, k.ID, k.OrgID, k.TeamID, nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, keyEvent(store.EventKeyUpserted, k, nil))
+		return outbox(ctx, tx, events.KeyUpserted, k.OrgID, k.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -421,12 +421,16 @@ func (s *keyService) UpdateKey(ctx context.Context, req *connect.Request[adminv1
 			return err
 		}
 		if after.GetUserId() != before.GetUserId() && after.GetUserId() != "" {
-			if err := tx.KeyCheckRefs(ctx, cur.OrgID, "", after.GetUserId()); err != nil {
+			// Re-owning a team key: the new owner must be a member.
+			if err := tx.KeyCheckRefs(ctx, cur.OrgID, cur.TeamID, after.GetUserId()); err != nil {
 				return err
 			}
 		}
 		keySettings(&cur, after)
 		if err := tx.KeyUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		if err := setKeyFallbacks(ctx, tx, &cur, before.GetFallbacks(), after.GetFallbacks()); err != nil {
 			return err
 		}
 		if out, err = keyToProto(cur); err != nil {
@@ -435,7 +439,7 @@ func (s *keyService) UpdateKey(ctx context.Context, req *connect.Request[adminv1
 		if err := tx.Audit(ctx, audit.ActionUpdated, objKey, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, keyEvent(store.EventKeyUpserted, cur, nil))
+		return outbox(ctx, tx, events.KeyUpserted, cur.OrgID, cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -444,30 +448,10 @@ func (s *keyService) UpdateKey(ctx context.Context, req *connect.Request[adminv1
 }
 
 func (s *keyService) DeleteKey(ctx context.Context, req *connect.Request[adminv1.DeleteKeyRequest]) (*connect.Response[adminv1.DeleteKeyResponse], error) {
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, before, err := lockKey(ctx, tx, req.Msg.GetId())
-		if err != nil {
-			return err
-		}
-		if err := tx.KeyDelete(ctx, cur.ID); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionDeleted, objKey, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), nil); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, keyEvent(store.EventKeyDeleted, cur, nil))
-	})
-	if err != nil {
+	if err := deleteObject(ctx, s.store, keyObjects, req.Msg.GetId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteKeyResponse{}), nil
-}
-
-// keyRotatedPayload is the outbox payload of key.rotated.
-type keyRotatedPayload struct {
-	// GraceUntil (RFC 3339) is when the previous token stops working;
-	// absent when it stopped at once.
-	GraceUntil string `json:"grace_until,omitempty"`
 }
 
 func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1.RotateKeyRequest]) (*connect.Response[adminv1.RotateKeyResponse], error) {
@@ -487,7 +471,7 @@ func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1
 			return err
 		}
 		var until *time.Time
-		var payload keyRotatedPayload
+		var payload events.KeyRotatedPayload
 		if grace > 0 {
 			u := tx.Now().Add(grace).Truncate(time.Microsecond) // Postgres precision
 			until = &u
@@ -500,14 +484,14 @@ func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1
 		if resp.Key, err = keyToProto(cur); err != nil {
 			return err
 		}
-		if err := tx.Audit(ctx, audit.ActionRotated, objKey, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), auditJSON(resp.Key)); err != nil {
+		after, err := rotationAfter(resp.Key, grace, until)
+		if err != nil {
 			return err
 		}
-		b, err := json.Marshal(payload)
-		if err != nil {
-			return fmt.Errorf("encode rotation event: %w", err)
+		if err := tx.Audit(ctx, audit.ActionRotated, objKey, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), after); err != nil {
+			return err
 		}
-		return tx.Outbox(ctx, keyEvent(store.EventKeyRotated, cur, b))
+		return outbox(ctx, tx, events.KeyRotated, cur.OrgID, cur.ID, payload)
 	})
 	if err != nil {
 		return nil, err
@@ -515,29 +499,25 @@ func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1
 	return connect.NewResponse(resp), nil
 }
 
+// keyObjects is the object of Block/Unblock/DeleteKey.
+var keyObjects = mutable[store.Key, *adminv1.Key]{
+	object: events.ObjKey,
+	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Key, error) {
+		cur, _, err := lockKey(ctx, tx, id)
+		return cur, err
+	},
+	set: func(ctx context.Context, tx *store.Tx, cur *store.Key, b bool) error {
+		return tx.KeySetBlocked(ctx, cur, b)
+	},
+	remove: func(ctx context.Context, tx *store.Tx, cur store.Key) (any, error) {
+		return nil, tx.KeyDelete(ctx, cur.ID)
+	},
+	toProto: keyToProto,
+	scope:   func(k store.Key) (string, string, string) { return k.ID, k.OrgID, k.TeamID },
+}
+
 func (s *keyService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Key, error) {
-	action, kind := audit.ActionBlocked, store.EventKeyBlocked
-	if !blocked {
-		action, kind = audit.ActionUnblocked, store.EventKeyUnblocked
-	}
-	var out *adminv1.Key
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, before, err := lockKey(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		if err := tx.KeySetBlocked(ctx, &cur, blocked); err != nil {
-			return err
-		}
-		if out, err = keyToProto(cur); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, action, objKey, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), auditJSON(out)); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, keyEvent(kind, cur, nil))
-	})
-	return out, err
+	return setBlocked(ctx, s.store, keyObjects, id, blocked)
 }
 
 func (s *keyService) BlockKey(ctx context.Context, req *connect.Request[adminv1.BlockKeyRequest]) (*connect.Response[adminv1.BlockKeyResponse], error) {
@@ -554,4 +534,10 @@ func (s *keyService) UnblockKey(ctx context.Context, req *connect.Request[adminv
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.UnblockKeyResponse{Key: k}), nil
+}
+
+// setKeyFallbacks stores k's fallback overrides when they change from
+// before, after checking them against the model groups (fallbacks.go).
+func setKeyFallbacks(ctx context.Context, tx *store.Tx, k *store.Key, before, after map[string]*adminv1.ModelGroupFallbacks) error {
+	return setOverrides(ctx, tx, before, after, func(f store.Fallbacks) error { return tx.KeyFallbacksSet(ctx, k, f) })
 }

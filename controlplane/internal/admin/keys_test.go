@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/json"
 	"os/exec"
 	"strings"
 	"testing"
@@ -38,6 +39,12 @@ func (e *keyEnv) exec(sql string, args ...any) {
 	e.t.Helper()
 	_, err := e.pool.Exec(e.ctx, sql, args...)
 	require.NoError(e.t, err, sql)
+}
+
+// member makes user a member of team (of org).
+func (e *keyEnv) member(org, team, user string) {
+	e.t.Helper()
+	e.exec(`INSERT INTO team_members (team_id, user_id, org_id, created_at, updated_at) VALUES ($1, $2, $3, $4, $4)`, team, user, org, e.clock.Now())
 }
 
 // team inserts a team of org and returns its id.
@@ -158,6 +165,7 @@ func TestKeyLifecycle(t *testing.T) {
 	e := newKeyEnv(t)
 	team := e.team(e.org, "ml")
 	user := e.user(e.org, "ada@example.com")
+	e.member(e.org, team, user)
 
 	auditBefore := e.auditCount()
 	k, tok := e.create(&adminv1.CreateKeyRequest{
@@ -365,6 +373,7 @@ func TestUpdateKeyMask(t *testing.T) {
 	e := newKeyEnv(t)
 	team := e.team(e.org, "ml")
 	user := e.user(e.org, "ada@example.com")
+	e.member(e.org, team, user)
 	other := e.mkOrg("other").Id
 	otherUser := e.user(other, "bob@example.com")
 	k, tok := e.create(&adminv1.CreateKeyRequest{TeamId: team, Alias: "a", ExpireTime: timestamppb.New(e.clock.Now().Add(time.Minute))})
@@ -380,8 +389,8 @@ func TestUpdateKeyMask(t *testing.T) {
 	_, err = e.c.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
 		Key: &adminv1.Key{Id: k.Id, UserId: otherUser}, UpdateMask: keyMask("user_id"),
 	}))
-	require.Equal(t, "not_found", codeOf(err))
-	require.Contains(t, err.Error(), "user "+otherUser+" not found")
+	require.Equal(t, "failed_precondition", codeOf(err), "a team key's owner must be a member of its team")
+	require.Contains(t, err.Error(), "user "+otherUser+" is not a member of team "+team)
 	_, err = e.c.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
 		Key: &adminv1.Key{Id: k.Id, ExpireTime: timestamppb.New(e.clock.Now())}, UpdateMask: keyMask("expire_time"),
 	}))
@@ -455,6 +464,14 @@ func TestRotateKeyWithGrace(t *testing.T) {
 	require.Equal(t, []string{"created", "rotated"}, e.auditActions(k.Id))
 	require.Equal(t, []string{"key.upserted", "key.rotated"}, e.outbox(k.Id))
 	require.JSONEq(t, `{"grace_until":"`+now.Add(15*time.Minute).Format(time.RFC3339Nano)+`"}`, e.lastPayload(k.Id))
+	// The rotation's audit record carries the grace given.
+	var after map[string]any
+	var afterJSON string
+	require.NoError(t, e.pool.QueryRow(e.ctx, `SELECT after_json FROM audit_log WHERE object_id = $1 AND action = 'rotated' ORDER BY seq DESC LIMIT 1`, k.Id).Scan(&afterJSON))
+	require.NoError(t, json.Unmarshal([]byte(afterJSON), &after))
+	require.Equal(t, "15m0s", after["grace_period"])
+	require.Equal(t, now.Add(15*time.Minute).Format(time.RFC3339Nano), after["old_token_valid_until"])
+	require.Equal(t, k.Id, after["id"])
 
 	// A second rotation drops the old hash whose grace has ended and counts on.
 	resp, err = e.c.Key.RotateKey(e.ctx, connect.NewRequest(&adminv1.RotateKeyRequest{Id: k.Id, GracePeriod: "7d"}))
@@ -544,6 +561,7 @@ func TestKeyExportExpiryAndBlocks(t *testing.T) {
 	e.clock.Advance(time.Hour)
 	require.Equal(t, "expired", e.authState(expTok))
 
+	e.member(e.org, team, user)
 	k, tok := e.create(&adminv1.CreateKeyRequest{TeamId: team, UserId: user})
 	require.Equal(t, "ok "+k.Id, e.authState(tok))
 	e.exec(`UPDATE users SET blocked = true WHERE id = $1`, user)
@@ -737,4 +755,73 @@ func TestListKeysFilters(t *testing.T) {
 		require.Equal(t, "invalid_argument", codeOf(err), field)
 		require.Contains(t, err.Error(), field)
 	}
+}
+
+// TestKeyOwnerMustBeATeamMember: a key draws on its owner's budget, so a
+// team key may only be owned (created with, or re-owned to, user_id) by a
+// member of its team, and an org key by a user of its org. The rule is
+// the same for every caller, team editors and platform admins alike.
+func TestKeyOwnerMustBeATeamMember(t *testing.T) {
+	t.Parallel()
+	e := newKeyEnv(t)
+	team := e.team(e.org, "ml")
+	otherTeam := e.team(e.org, "infra")
+	member := e.user(e.org, "member@example.com")
+	outsider := e.user(e.org, "outsider@example.com") // in the org, not in team ml
+	foreign := e.user(e.mkOrg("other").Id, "foreign@example.com")
+	_, err := e.c.Team.AddTeamMember(e.ctx, connect.NewRequest(&adminv1.AddTeamMemberRequest{TeamId: team, UserId: member}))
+	require.NoError(t, err)
+	_, err = e.c.Team.AddTeamMember(e.ctx, connect.NewRequest(&adminv1.AddTeamMemberRequest{TeamId: otherTeam, UserId: outsider}))
+	require.NoError(t, err)
+
+	teamEditor := e.as(e.mkToken(adminv1.Scope_SCOPE_TEAM, adminv1.Role_ROLE_EDITOR, e.org, team))
+	orgEditor := e.as(e.mkToken(adminv1.Scope_SCOPE_ORG, adminv1.Role_ROLE_EDITOR, e.org, ""))
+	before := e.auditCount()
+	for _, who := range []struct {
+		name string
+		c    clients
+	}{{"team editor", teamEditor}, {"org editor", orgEditor}, {"platform admin", e.c}} {
+		for _, u := range []string{outsider, foreign, "user_missing"} {
+			_, err := who.c.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{OrgId: e.org, TeamId: team, UserId: u}))
+			require.Equal(t, "failed_precondition", codeOf(err), "%s: team key owned by %s", who.name, u)
+			require.Contains(t, err.Error(), "user_id: user "+u+" is not a member of team "+team)
+		}
+	}
+	require.Equal(t, before, e.auditCount(), "refused creations write nothing")
+
+	// Members may own the team's keys.
+	k, err := teamEditor.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{UserId: member, Alias: "mine"}))
+	require.NoError(t, err)
+	require.Equal(t, member, k.Msg.Key.UserId)
+	require.Equal(t, team, k.Msg.Key.TeamId)
+
+	// Re-owning follows the same rule.
+	reown := func(c clients, user string) error {
+		_, err := c.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
+			Key: &adminv1.Key{Id: k.Msg.Key.Id, UserId: user}, UpdateMask: keyMask("user_id"),
+		}))
+		return err
+	}
+	before = e.auditCount()
+	for _, c := range []clients{teamEditor, orgEditor, e.c} {
+		err := reown(c, outsider)
+		require.Equal(t, "failed_precondition", codeOf(err))
+		require.Contains(t, err.Error(), "user "+outsider+" is not a member of team "+team)
+	}
+	require.Equal(t, before, e.auditCount())
+	require.NoError(t, reown(teamEditor, ""), "clearing the owner is always allowed")
+	require.NoError(t, reown(teamEditor, member))
+	require.Equal(t, member, e.get(k.Msg.Key.Id).UserId)
+
+	// Org keys (no team): any user of the org, never one of another org.
+	ok, err := orgEditor.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{UserId: outsider}))
+	require.NoError(t, err)
+	require.Equal(t, outsider, ok.Msg.Key.UserId)
+	_, err = orgEditor.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{UserId: foreign}))
+	require.Equal(t, "not_found", codeOf(err))
+	require.Contains(t, err.Error(), "user "+foreign+" not found")
+	_, err = orgEditor.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
+		Key: &adminv1.Key{Id: ok.Msg.Key.Id, UserId: foreign}, UpdateMask: keyMask("user_id"),
+	}))
+	require.Equal(t, "not_found", codeOf(err))
 }

@@ -23,7 +23,9 @@ func applyMask(dst, src proto.Message, mask *fieldmaskpb.FieldMask, allowed ...s
 		ok[a] = true
 	}
 	for _, path := range mask.GetPaths() {
-		parts := strings.Split(path, ".")
+		// Proto ("limits.rpm_limit") and JSON ("limits.rpmLimit") names
+		// both name a field.
+		parts := protoNames(dst.ProtoReflect().Descriptor(), strings.Split(path, "."))
 		if !ok[parts[0]] {
 			c.add("update_mask", "field %q cannot be updated (updatable: %s)", path, strings.Join(allowed, ", "))
 			continue
@@ -95,4 +97,33 @@ func nextPageToken(n, limit int, last string) string {
 		return ""
 	}
 	return base64.RawURLEncoding.EncodeToString([]byte(last))
+}
+
+// protoNames maps each segment of a mask path, given by its proto or its
+// JSON name, to the proto name of the field it names in md (and the
+// messages below); a segment naming no field is kept as given, for the
+// caller to report.
+func protoNames(md protoreflect.MessageDescriptor, parts []string) []string {
+	out := make([]string, len(parts))
+	for i, p := range parts {
+		out[i] = p
+		if md == nil {
+			continue
+		}
+		fd := md.Fields().ByName(protoreflect.Name(p))
+		if fd == nil {
+			fd = md.Fields().ByJSONName(p)
+		}
+		if fd == nil {
+			md = nil
+			continue
+		}
+		out[i] = string(fd.Name())
+		if fd.Kind() == protoreflect.MessageKind && !fd.IsList() && !fd.IsMap() {
+			md = fd.Message()
+		} else {
+			md = nil
+		}
+	}
+	return out
 }

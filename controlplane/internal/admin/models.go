@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -31,8 +32,8 @@ import (
 type modelService struct{ *Server }
 
 const (
-	objModelGroup = "model_group"
-	objDeployment = "deployment"
+	objModelGroup = string(events.ObjModelGroup)
+	objDeployment = string(events.ObjDeployment)
 	// deploymentIDPrefix is the id prefix of deployments ("dep_...").
 	deploymentIDPrefix = "dep"
 )
@@ -79,9 +80,71 @@ func writeModels(ctx context.Context) error {
 	return authz.Check(ctx, principal(ctx), authz.Write, authz.PlatformTarget("changing model groups and deployments"))
 }
 
-func modelGroupToProto(g store.ModelGroup) *adminv1.ModelGroup {
-	return &adminv1.ModelGroup{Name: g.Name, Description: g.Description,
-		CreateTime: timestamppb.New(g.CreatedAt), UpdateTime: timestamppb.New(g.UpdatedAt)}
+func modelGroupToProto(g store.ModelGroup) (*adminv1.ModelGroup, error) {
+	r, err := routingFromJSON(g.Routing)
+	if err != nil {
+		return nil, fmt.Errorf("model group %s: %w", g.Name, err)
+	}
+	res, err := resilienceFromJSON(g.Resilience)
+	if err != nil {
+		return nil, fmt.Errorf("model group %s: %w", g.Name, err)
+	}
+	return &adminv1.ModelGroup{Name: g.Name, Description: g.Description, PlatformWide: g.PlatformWide, Routing: r,
+		Fallbacks: slices.Clone(g.Fallbacks), Resilience: res,
+		GrantedOrgIds: slices.Clone(g.OrgIDs), CreateTime: timestamppb.New(g.CreatedAt), UpdateTime: timestamppb.New(g.UpdatedAt)}, nil
+}
+
+// modelGroupFor is g as ctx's principal may see it: the grants of other
+// orgs are shown to platform tokens only.
+func modelGroupFor(ctx context.Context, g store.ModelGroup) (*adminv1.ModelGroup, error) {
+	m, err := modelGroupToProto(g)
+	if err != nil {
+		return nil, err
+	}
+	if p := principal(ctx); p == nil || p.Scope != authz.ScopePlatform {
+		m.GrantedOrgIds = nil
+	}
+	return m, nil
+}
+
+// visibleOrg is the org whose grants confine ctx's principal's reads of
+// model groups and deployments ("" for platform tokens: every group).
+func visibleOrg(ctx context.Context) string {
+	if p := principal(ctx); p != nil && p.Scope != authz.ScopePlatform {
+		return p.OrgID
+	}
+	return ""
+}
+
+// deploymentVisible answers NotFound, as if d did not exist, when ctx's
+// principal's org may not see d's model group.
+func (s *Server) deploymentVisible(ctx context.Context, d store.Deployment) error {
+	org := visibleOrg(ctx)
+	if org == "" {
+		return nil
+	}
+	g, err := s.store.ModelGroupGet(ctx, d.ModelGroup)
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	if err != nil || !groupVisible(org, g) {
+		return connect.NewError(connect.CodeNotFound, errors.New("deployment "+d.ID+" not found"))
+	}
+	return nil
+}
+
+// modelGroupVisible answers NotFound, as if g did not exist, when ctx's
+// principal's org may not see it.
+func modelGroupVisible(ctx context.Context, g store.ModelGroup) error {
+	if !groupVisible(visibleOrg(ctx), g) {
+		return connect.NewError(connect.CodeNotFound, errors.New("model group "+g.Name+" not found"))
+	}
+	return nil
+}
+
+// groupVisible reports whether org (visibleOrg's answer) may see g.
+func groupVisible(org string, g store.ModelGroup) bool {
+	return org == "" || g.PlatformWide || slices.Contains(g.OrgIDs, org)
 }
 
 func deploymentToProto(d store.Deployment) *adminv1.Deployment {
@@ -90,7 +153,7 @@ func deploymentToProto(d store.Deployment) *adminv1.Deployment {
 		Id: d.ID, ModelGroup: d.ModelGroup, ApiBase: d.APIBase, UpstreamModel: d.UpstreamModel,
 		HasCredential: len(d.CredentialCiphertext) > 0, Weight: d.Weight, MaxConcurrency: d.MaxConcurrency,
 		Capabilities: &adminv1.Capabilities{Tools: c.Tools, JsonMode: c.JSONMode, Vision: c.Vision,
-			MaxInputTokens: c.MaxInputTokens, MaxOutputTokens: c.MaxOutputTokens},
+			MaxInputTokens: c.MaxInputTokens, MaxOutputTokens: c.MaxOutputTokens, Protocols: slices.Clone(c.Protocols)},
 		Tags: slices.Clone(d.Tags),
 		Prices: &adminv1.Prices{InputPerToken: d.InputPrice, OutputPerToken: d.OutputPrice,
 			CachedInputPerToken: d.CachedInputPrice},
@@ -104,7 +167,7 @@ func setDeploymentFields(d *store.Deployment, m *adminv1.Deployment) {
 	c := m.GetCapabilities()
 	d.APIBase, d.UpstreamModel, d.Weight, d.MaxConcurrency = m.GetApiBase(), m.GetUpstreamModel(), m.GetWeight(), m.GetMaxConcurrency()
 	d.Capabilities = store.Capabilities{Tools: c.GetTools(), JSONMode: c.GetJsonMode(), Vision: c.GetVision(),
-		MaxInputTokens: c.GetMaxInputTokens(), MaxOutputTokens: c.GetMaxOutputTokens()}
+		MaxInputTokens: c.GetMaxInputTokens(), MaxOutputTokens: c.GetMaxOutputTokens(), Protocols: slices.Clone(c.GetProtocols())}
 	d.Tags = slices.Clone(m.GetTags())
 	p := m.GetPrices()
 	d.InputPrice, d.OutputPrice, d.CachedInputPrice = p.GetInputPerToken(), p.GetOutputPerToken(), p.GetCachedInputPerToken()
@@ -184,6 +247,7 @@ func validateDeployment(c *validator, d *adminv1.Deployment) {
 	}
 	validTokens(c, "capabilities.max_input_tokens", d.GetCapabilities().GetMaxInputTokens())
 	validTokens(c, "capabilities.max_output_tokens", d.GetCapabilities().GetMaxOutputTokens())
+	validateProtocols(c, d.GetCapabilities().GetProtocols())
 	if len(d.GetTags()) > maxTags {
 		c.add("tags", "at most %d tags (got %d)", maxTags, len(d.GetTags()))
 	}
@@ -243,35 +307,43 @@ func (s *modelService) seal(cred string) ([]byte, error) {
 	return s.keys.Seal([]byte(cred)), nil
 }
 
-func modelGroupEvent(kind, name string) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, ObjectType: objModelGroup, ObjectID: name}
-}
-
-func deploymentEvent(kind, id string) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, ObjectType: objDeployment, ObjectID: id}
-}
-
 func (s *modelService) CreateModelGroup(ctx context.Context, req *connect.Request[adminv1.CreateModelGroupRequest]) (*connect.Response[adminv1.CreateModelGroupResponse], error) {
 	if err := writeModels(ctx); err != nil {
 		return nil, err
 	}
+	m := req.Msg
 	c := &validator{}
-	validModelGroupName(c, "name", req.Msg.GetName())
-	validateDescription(c, req.Msg.GetDescription())
+	validModelGroupName(c, "name", m.GetName())
+	validateDescription(c, m.GetDescription())
+	validateRouting(c, routingMaskTop, m.GetRouting())
+	validateFallbackList(c, "fallbacks", m.GetName(), m.GetFallbacks())
+	validateResilience(c, "resilience", m.GetResilience())
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	g := store.ModelGroup{Name: req.Msg.GetName(), Description: req.Msg.GetDescription()}
+	g := store.ModelGroup{Name: m.GetName(), Description: m.GetDescription(), PlatformWide: m.GetPlatformWide(),
+		Routing: routingJSON(m.GetRouting())}
 	var out *adminv1.ModelGroup
 	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
 		if err := tx.ModelGroupInsert(ctx, &g); err != nil {
 			return err
 		}
-		out = modelGroupToProto(g)
+		if len(m.GetFallbacks()) > 0 {
+			if err := checkFallbackGraph(ctx, tx, func(string) string { return "fallbacks" }, map[string][]string{g.Name: m.GetFallbacks()}); err != nil {
+				return err
+			}
+		}
+		if err := tx.ModelGroupResilienceSet(ctx, &g, m.GetFallbacks(), resilienceJSON(m.GetResilience())); err != nil {
+			return err
+		}
+		var err error
+		if out, err = modelGroupToProto(g); err != nil {
+			return err
+		}
 		if err := tx.Audit(ctx, audit.ActionCreated, objModelGroup, g.Name, "", "", nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, modelGroupEvent(store.EventModelGroupUpserted, g.Name))
+		return outbox(ctx, tx, events.ModelGroupUpserted, "", g.Name, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -287,7 +359,16 @@ func (s *modelService) GetModelGroup(ctx context.Context, req *connect.Request[a
 	if err != nil {
 		return nil, err
 	}
-	return connect.NewResponse(&adminv1.GetModelGroupResponse{ModelGroup: modelGroupToProto(g)}), nil
+	// As if it did not exist: an org learns nothing of groups it was
+	// not granted.
+	if err := modelGroupVisible(ctx, g); err != nil {
+		return nil, err
+	}
+	out, err := modelGroupFor(ctx, g)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.GetModelGroupResponse{ModelGroup: out}), nil
 }
 
 func (s *modelService) ListModelGroups(ctx context.Context, req *connect.Request[adminv1.ListModelGroupsRequest]) (*connect.Response[adminv1.ListModelGroupsResponse], error) {
@@ -298,13 +379,22 @@ func (s *modelService) ListModelGroups(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
-	rows, err := s.store.ModelGroupList(ctx, store.Page{After: after, Limit: limit})
+	var rows []store.ModelGroup
+	if org := visibleOrg(ctx); org != "" {
+		rows, err = s.store.ModelGroupVisibleList(ctx, org, store.Page{After: after, Limit: limit})
+	} else {
+		rows, err = s.store.ModelGroupList(ctx, store.Page{After: after, Limit: limit})
+	}
 	if err != nil {
 		return nil, err
 	}
 	resp := &adminv1.ListModelGroupsResponse{}
 	for _, g := range rows {
-		resp.ModelGroups = append(resp.ModelGroups, modelGroupToProto(g))
+		m, err := modelGroupFor(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		resp.ModelGroups = append(resp.ModelGroups, m)
 	}
 	if len(rows) > 0 {
 		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].Name)
@@ -323,25 +413,53 @@ func (s *modelService) UpdateModelGroup(ctx context.Context, req *connect.Reques
 		if err != nil {
 			return err
 		}
-		before := modelGroupToProto(cur)
+		if cur.OrgIDs, err = tx.ModelGroupGrantOrgs(ctx, name); err != nil {
+			return err
+		}
+		before, err := modelGroupToProto(cur)
+		if err != nil {
+			return err
+		}
 		after := proto.Clone(before).(*adminv1.ModelGroup)
-		if err := applyMask(after, req.Msg.GetModelGroup(), req.Msg.GetUpdateMask(), "description"); err != nil {
+		if err := applyMask(after, req.Msg.GetModelGroup(), req.Msg.GetUpdateMask(), "description", "platform_wide", routingMaskTop,
+			"fallbacks", "resilience"); err != nil {
 			return err
 		}
 		c := &validator{}
 		validateDescription(c, after.GetDescription())
+		validateRouting(c, routingMaskTop, after.GetRouting())
+		validateFallbackList(c, "model_group.fallbacks", cur.Name, after.GetFallbacks())
+		validateResilience(c, "model_group.resilience", after.GetResilience())
 		if err := c.err(); err != nil {
 			return err
 		}
-		cur.Description = after.GetDescription()
+		// Clearing the platform-wide mark takes the group away from every
+		// org without a grant: a revocation (security event).
+		kind := events.ModelGroupUpserted
+		if cur.PlatformWide && !after.GetPlatformWide() {
+			kind = events.ModelGroupRevoked
+		}
+		cur.Description, cur.Routing, cur.PlatformWide = after.GetDescription(), routingJSON(after.GetRouting()), after.GetPlatformWide()
 		if err := tx.ModelGroupUpdate(ctx, &cur); err != nil {
 			return err
 		}
-		out = modelGroupToProto(cur)
+		if !slices.Equal(after.GetFallbacks(), before.GetFallbacks()) || !proto.Equal(after.GetResilience(), before.GetResilience()) {
+			if !slices.Equal(after.GetFallbacks(), before.GetFallbacks()) {
+				if err := checkFallbackGraph(ctx, tx, func(string) string { return "model_group.fallbacks" }, map[string][]string{cur.Name: after.GetFallbacks()}); err != nil {
+					return err
+				}
+			}
+			if err := tx.ModelGroupResilienceSet(ctx, &cur, after.GetFallbacks(), resilienceJSON(after.GetResilience())); err != nil {
+				return err
+			}
+		}
+		if out, err = modelGroupToProto(cur); err != nil {
+			return err
+		}
 		if err := tx.Audit(ctx, audit.ActionUpdated, objModelGroup, cur.Name, "", "", auditJSON(before), auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, modelGroupEvent(store.EventModelGroupUpserted, cur.Name))
+		return outbox(ctx, tx, kind, "", cur.Name, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -349,6 +467,9 @@ func (s *modelService) UpdateModelGroup(ctx context.Context, req *connect.Reques
 	return connect.NewResponse(&adminv1.UpdateModelGroupResponse{ModelGroup: out}), nil
 }
 
+// DeleteModelGroup also fails with FailedPrecondition while another group
+// lists it among its fallbacks (keys' and teams' overrides naming it are
+// skipped by the data planes).
 func (s *modelService) DeleteModelGroup(ctx context.Context, req *connect.Request[adminv1.DeleteModelGroupRequest]) (*connect.Response[adminv1.DeleteModelGroupResponse], error) {
 	if err := writeModels(ctx); err != nil {
 		return nil, err
@@ -358,13 +479,28 @@ func (s *modelService) DeleteModelGroup(ctx context.Context, req *connect.Reques
 		if err != nil {
 			return err
 		}
+		if err := tx.FallbacksLock(ctx); err != nil {
+			return err
+		}
+		refs, err := tx.ModelGroupFallbackReferrers(ctx, cur.Name)
+		if err != nil {
+			return err
+		}
+		if len(refs) > 0 {
+			return &store.Error{Code: store.ErrFailedPrecondition, Msg: fmt.Sprintf(
+				"model group %s is a fallback of %s; remove it from their fallbacks first", cur.Name, strings.Join(refs, ", "))}
+		}
+		before, err := modelGroupToProto(cur)
+		if err != nil {
+			return err
+		}
 		if err := tx.ModelGroupDelete(ctx, cur.Name); err != nil {
 			return err
 		}
-		if err := tx.Audit(ctx, audit.ActionDeleted, objModelGroup, cur.Name, "", "", auditJSON(modelGroupToProto(cur)), nil); err != nil {
+		if err := tx.Audit(ctx, audit.ActionDeleted, objModelGroup, cur.Name, "", "", auditJSON(before), nil); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, modelGroupEvent(store.EventModelGroupDeleted, cur.Name))
+		return outbox(ctx, tx, events.ModelGroupDeleted, "", cur.Name, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -410,7 +546,7 @@ func (s *modelService) CreateDeployment(ctx context.Context, req *connect.Reques
 		if err := tx.Audit(ctx, audit.ActionCreated, objDeployment, d.ID, "", "", nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, deploymentEvent(store.EventDeploymentUpserted, d.ID))
+		return outbox(ctx, tx, events.DeploymentUpserted, "", d.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -426,6 +562,9 @@ func (s *modelService) GetDeployment(ctx context.Context, req *connect.Request[a
 	if err != nil {
 		return nil, err
 	}
+	if err := s.deploymentVisible(ctx, d); err != nil {
+		return nil, err
+	}
 	return connect.NewResponse(&adminv1.GetDeploymentResponse{Deployment: deploymentToProto(d)}), nil
 }
 
@@ -437,10 +576,15 @@ func (s *modelService) ListDeployments(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
+	org := visibleOrg(ctx)
 	if g := req.Msg.GetModelGroup(); g != "" {
 		// A filter naming no group is a mistake worth saying, not an
 		// empty list.
-		if _, err := s.store.ModelGroupGet(ctx, g); err != nil {
+		mg, err := s.store.ModelGroupGet(ctx, g)
+		if err != nil {
+			return nil, err
+		}
+		if err := modelGroupVisible(ctx, mg); err != nil {
 			return nil, err
 		}
 	}
@@ -448,8 +592,26 @@ func (s *modelService) ListDeployments(ctx context.Context, req *connect.Request
 	if err != nil {
 		return nil, err
 	}
+	visible := map[string]bool{}
+	if org != "" {
+		// Deployments of groups the org was not granted are left out
+		// (the page token still follows the unfiltered page).
+		for _, d := range rows {
+			if _, done := visible[d.ModelGroup]; done {
+				continue
+			}
+			ok, err := s.store.ModelGroupVisibleTo(ctx, d.ModelGroup, org)
+			if err != nil && !errors.Is(err, store.ErrNotFound) {
+				return nil, err
+			}
+			visible[d.ModelGroup] = ok
+		}
+	}
 	resp := &adminv1.ListDeploymentsResponse{}
 	for _, d := range rows {
+		if org != "" && !visible[d.ModelGroup] {
+			continue
+		}
 		resp.Deployments = append(resp.Deployments, deploymentToProto(d))
 	}
 	if len(rows) > 0 {
@@ -512,6 +674,11 @@ func (s *modelService) UpdateDeployment(ctx context.Context, req *connect.Reques
 		}
 		c := &validator{}
 		validateDeployment(c, after)
+		if after.MaxConcurrency != before.MaxConcurrency {
+			if err := checkDeploymentTraffic(c, cur.Traffic, after.MaxConcurrency); err != nil {
+				return err
+			}
+		}
 		if err := c.err(); err != nil {
 			return err
 		}
@@ -526,7 +693,7 @@ func (s *modelService) UpdateDeployment(ctx context.Context, req *connect.Reques
 		if err := tx.Audit(ctx, audit.ActionUpdated, objDeployment, cur.ID, "", "", auditJSON(before), auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, deploymentEvent(store.EventDeploymentUpserted, cur.ID))
+		return outbox(ctx, tx, events.DeploymentUpserted, "", cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -549,10 +716,29 @@ func (s *modelService) DeleteDeployment(ctx context.Context, req *connect.Reques
 		if err := tx.Audit(ctx, audit.ActionDeleted, objDeployment, cur.ID, "", "", auditJSON(deploymentToProto(cur)), nil); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, deploymentEvent(store.EventDeploymentDeleted, cur.ID))
+		return outbox(ctx, tx, events.DeploymentDeleted, "", cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteDeploymentResponse{}), nil
+}
+
+// deploymentProtocols are the values of capabilities.protocols: the wire
+// protocols a deployment may declare besides the OpenAI ones every
+// deployment serves (docs/protocols.md).
+var deploymentProtocols = []string{"anthropic_messages", "openai_responses"}
+
+func validateProtocols(c *validator, ps []string) {
+	seen := map[string]bool{}
+	for i, p := range ps {
+		f := fmt.Sprintf("capabilities.protocols[%d]", i)
+		if !slices.Contains(deploymentProtocols, p) {
+			c.add(f, "unknown protocol %q (one of %s)", p, strings.Join(deploymentProtocols, ", "))
+		}
+		if seen[p] {
+			c.add(f, "duplicate protocol %q", p)
+		}
+		seen[p] = true
+	}
 }

@@ -237,6 +237,12 @@ func TestDeploymentValidationNamesEachField(t *testing.T) {
 		{"max_output_tokens", func(r *adminv1.CreateDeploymentRequest) {
 			r.Capabilities = &adminv1.Capabilities{MaxOutputTokens: -5}
 		}, "capabilities.max_output_tokens:"},
+		{"protocol unknown", func(r *adminv1.CreateDeploymentRequest) {
+			r.Capabilities = &adminv1.Capabilities{Protocols: []string{"anthropic_messages", "grpc"}}
+		}, "capabilities.protocols[1]: unknown protocol"},
+		{"protocol duplicate", func(r *adminv1.CreateDeploymentRequest) {
+			r.Capabilities = &adminv1.Capabilities{Protocols: []string{"openai_responses", "openai_responses"}}
+		}, "capabilities.protocols[1]: duplicate"},
 		{"tag chars", func(r *adminv1.CreateDeploymentRequest) { r.Tags = []string{"ok", "not ok"} }, "tags[1]:"},
 		{"tag duplicate", func(r *adminv1.CreateDeploymentRequest) { r.Tags = []string{"a", "a"} }, "tags[1]: duplicate"},
 		{"tag long", func(r *adminv1.CreateDeploymentRequest) { r.Tags = []string{strings.Repeat("t", 65)} }, "tags[0]:"},
@@ -381,7 +387,10 @@ func TestModelsAuthorisation(t *testing.T) {
 	org := b.mkOrg("acme")
 	team, err := b.root().Team.CreateTeam(ctx, connect.NewRequest(&adminv1.CreateTeamRequest{OrgId: org.Id, Name: "t"}))
 	require.NoError(t, err)
-	b.mkModelGroup("g")
+	// Platform-wide, so every org's tokens may read it (grants:
+	// TestModelGroupGrants).
+	_, err = b.models(b.bootstrap).CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "g", PlatformWide: true}))
+	require.NoError(t, err)
 	dep := b.mkDeployment("g", "sk-secret")
 
 	readers := map[string]string{

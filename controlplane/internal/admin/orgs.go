@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -17,7 +18,7 @@ import (
 // orgService implements OrgService.
 type orgService struct{ *Server }
 
-const objOrg = "org"
+const objOrg = string(events.ObjOrg)
 
 func orgToProto(o store.Org) (*adminv1.Org, error) {
 	l, err := limitsFromJSON(o.Limits)
@@ -36,10 +37,6 @@ func validateOrg(o *adminv1.Org) error {
 	validateLimits(c, "limits", o.GetLimits(), LevelOrg, nil)
 	validateMetadata(c, o.GetMetadata())
 	return c.err()
-}
-
-func orgEvent(kind, id string) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, OrgID: id, ObjectType: objOrg, ObjectID: id}
 }
 
 func (s *orgService) CreateOrg(ctx context.Context, req *connect.Request[adminv1.CreateOrgRequest]) (*connect.Response[adminv1.CreateOrgResponse], error) {
@@ -64,7 +61,7 @@ func (s *orgService) CreateOrg(ctx context.Context, req *connect.Request[adminv1
 		if err := tx.Audit(ctx, audit.ActionCreated, objOrg, o.ID, o.ID, "", nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, orgEvent(store.EventOrgUpserted, o.ID))
+		return outbox(ctx, tx, events.OrgUpserted, o.ID, o.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -133,6 +130,9 @@ func (s *orgService) UpdateOrg(ctx context.Context, req *connect.Request[adminv1
 		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.ID, "org "+cur.ID)); err != nil {
 			return err
 		}
+		if err := checkOrgLimitsMask(ctx, req.Msg.GetUpdateMask()); err != nil {
+			return err
+		}
 		before, err := orgToProto(cur)
 		if err != nil {
 			return err
@@ -153,7 +153,7 @@ func (s *orgService) UpdateOrg(ctx context.Context, req *connect.Request[adminv1
 		if err := tx.Audit(ctx, audit.ActionUpdated, objOrg, cur.ID, cur.ID, "", auditJSON(before), auditJSON(after)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, orgEvent(store.EventOrgUpserted, cur.ID))
+		return outbox(ctx, tx, events.OrgUpserted, cur.ID, cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -162,63 +162,39 @@ func (s *orgService) UpdateOrg(ctx context.Context, req *connect.Request[adminv1
 }
 
 func (s *orgService) DeleteOrg(ctx context.Context, req *connect.Request[adminv1.DeleteOrgRequest]) (*connect.Response[adminv1.DeleteOrgResponse], error) {
-	id := req.Msg.GetId()
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.OrgGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.PlatformTarget("deleting an org")); err != nil {
-			return err
-		}
-		before, err := orgToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.OrgDelete(ctx, cur.ID); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionDeleted, objOrg, cur.ID, cur.ID, "", auditJSON(before), nil); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, orgEvent(store.EventOrgDeleted, cur.ID))
-	})
-	if err != nil {
+	if err := deleteObject(ctx, s.store, orgObjects, req.Msg.GetId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteOrgResponse{}), nil
 }
 
-func (s *orgService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Org, error) {
-	action, kind := audit.ActionBlocked, store.EventOrgBlocked
-	if !blocked {
-		action, kind = audit.ActionUnblocked, store.EventOrgUnblocked
-	}
-	var out *adminv1.Org
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+// orgObjects is the object of Block/Unblock/DeleteOrg: only platform admins block or delete
+// an org.
+var orgObjects = mutable[store.Org, *adminv1.Org]{
+	object: events.ObjOrg,
+	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Org, error) {
 		cur, err := tx.OrgGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
-			return err
+			return cur, err
 		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.PlatformTarget("blocking or unblocking an org")); err != nil {
-			return err
+		what := "blocking or unblocking an org"
+		if op == events.OpDelete {
+			what = "deleting an org"
 		}
-		before, err := orgToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.OrgSetBlocked(ctx, &cur, blocked); err != nil {
-			return err
-		}
-		if out, err = orgToProto(cur); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, action, objOrg, cur.ID, cur.ID, "", auditJSON(before), auditJSON(out)); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, orgEvent(kind, cur.ID))
-	})
-	return out, err
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.PlatformTarget(what))
+	},
+	remove: func(ctx context.Context, tx *store.Tx, cur store.Org) (any, error) {
+		return nil, tx.OrgDelete(ctx, cur.ID)
+	},
+	set: func(ctx context.Context, tx *store.Tx, cur *store.Org, b bool) error {
+		return tx.OrgSetBlocked(ctx, cur, b)
+	},
+	toProto: orgToProto,
+	scope:   func(o store.Org) (string, string, string) { return o.ID, o.ID, "" },
+}
+
+func (s *orgService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Org, error) {
+	return setBlocked(ctx, s.store, orgObjects, id, blocked)
 }
 
 func (s *orgService) BlockOrg(ctx context.Context, req *connect.Request[adminv1.BlockOrgRequest]) (*connect.Response[adminv1.BlockOrgResponse], error) {

@@ -56,7 +56,11 @@ func adminRPCs(t *testing.T) []rpc {
 // objs names the objects an RPC is aimed at: one team's view of an org.
 type objs struct {
 	OrgID, TeamID, UserID, CustomerID, KeyID, TokenID string
+	IssuerID                                          string
 	EmptyTeamID, FreeUserID, EmptyOrgID               string
+	// WebhookID is an alert webhook of the org, DeliveryID a dead
+	// delivery to it.
+	WebhookID, DeliveryID string
 	// Platform objects every token may read (not tenant data, so not in
 	// ids()): a model group with a deployment, and an empty one.
 	ModelGroup, EmptyModelGroup, DeploymentID string
@@ -123,16 +127,28 @@ var builders = map[string]func(o objs) string{
 	"UpdateCustomer": func(o objs) string {
 		return `{"customer":{"id":"` + o.CustomerID + `","display_name":"X"},"update_mask":"displayName"}`
 	},
-	"DeleteCustomer":  func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
-	"BlockCustomer":   func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
-	"UnblockCustomer": func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
+	"DeleteCustomer": func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
+
+	"CreateTrustedIssuer": func(o objs) string {
+		return `{"org_id":"` + o.OrgID + `","issuer":"https://idp.example.com","audience":"a` + u() + `","team_claim":"team"}`
+	},
+	"GetTrustedIssuer":    func(o objs) string { return `{"id":"` + o.IssuerID + `"}` },
+	"ListTrustedIssuers":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"DeleteTrustedIssuer": func(o objs) string { return `{"id":"` + o.IssuerID + `"}` },
+	"BlockCustomer":       func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
+	"UnblockCustomer":     func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
 
 	"CreateAdminToken": func(o objs) string {
 		return `{"name":"t` + u() + `","scope":"SCOPE_TEAM","org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `","role":"ROLE_VIEWER"}`
 	},
 	"ListAdminTokens":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"RevokeAdminToken": func(o objs) string { return `{"id":"` + o.TokenID + `"}` },
+	"DeleteAdminToken": func(o objs) string { return `{"id":"` + o.TokenID + `"}` },
 	"WhoAmI":           func(o objs) string { return `{}` },
+	"RotateAdminToken": func(o objs) string { return `{"id":"` + o.TokenID + `","grace_period":"1h"}` },
+	"UpdateAdminTokenExpiry": func(o objs) string {
+		return `{"id":"` + o.TokenID + `","expire_time":"2030-01-01T00:00:00Z"}`
+	},
 
 	"ListAuditEvents":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"VerifyAuditChain": func(o objs) string { return `{}` },
@@ -148,10 +164,19 @@ var builders = map[string]func(o objs) string{
 	"GetSpend":      func(o objs) string { return `{"scope":"SPEND_SCOPE_TEAM","id":"` + o.TeamID + `"}` },
 	"ListSpendLogs": func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
 	"ListAlerts":    func(o objs) string { return `{"org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `"}` },
+	"CreateAlertWebhook": func(o objs) string {
+		return `{"org_id":"` + o.OrgID + `","url":"https://hooks.example.com/` + u() + `"}`
+	},
+	"ListAlertWebhooks":   func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"DeleteAlertWebhook":  func(o objs) string { return `{"id":"` + o.WebhookID + `"}` },
+	"ListAlertDeliveries": func(o objs) string { return `{"org_id":"` + o.OrgID + `","state":"dead"}` },
+	"RetryAlertDelivery":  func(o objs) string { return `{"delivery_id":"` + o.DeliveryID + `"}` },
 
-	"CreateModelGroup": func(o objs) string { return `{"name":"mg-` + u() + `","description":"d"}` },
-	"GetModelGroup":    func(o objs) string { return `{"name":"` + o.ModelGroup + `"}` },
-	"ListModelGroups":  func(o objs) string { return `{}` },
+	"CreateModelGroup": func(o objs) string {
+		return `{"name":"mg-` + u() + `","description":"d","routing":{"strategy":"affinity","session_ttl":"1800s","load_factor":1.5}}`
+	},
+	"GetModelGroup":   func(o objs) string { return `{"name":"` + o.ModelGroup + `"}` },
+	"ListModelGroups": func(o objs) string { return `{}` },
 	"UpdateModelGroup": func(o objs) string {
 		return `{"model_group":{"name":"` + o.ModelGroup + `","description":"x"},"update_mask":"description"}`
 	},
@@ -165,6 +190,26 @@ var builders = map[string]func(o objs) string{
 		return `{"deployment":{"id":"` + o.DeploymentID + `","weight":5},"update_mask":"weight"}`
 	},
 	"DeleteDeployment": func(o objs) string { return `{"id":"` + o.DeploymentID + `"}` },
+	"Explain": func(o objs) string {
+		return `{"region":"default","query":{"key_id":"` + o.KeyID + `","model":"` + o.ModelGroup + `"}}`
+	},
+	"GrantModelGroup":  func(o objs) string { return `{"model_group":"` + o.EmptyModelGroup + `","org_id":"` + o.OrgID + `"}` },
+	"RevokeModelGroup": func(o objs) string { return `{"model_group":"` + o.ModelGroup + `","org_id":"` + o.OrgID + `"}` },
+	"ListModelGroupGrants": func(o objs) string {
+		return `{"model_group":"` + o.ModelGroup + `","org_id":"` + o.OrgID + `"}`
+	},
+	"GetOrgTraffic": func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"SetOrgTraffic": func(o objs) string {
+		return `{"org_id":"` + o.OrgID + `","traffic":{"rules":[{"header":"User-Agent","pattern":"^claude-code/","traffic_class":"TRAFFIC_CLASS_AGENT"}]}}`
+	},
+	"GetDeploymentTraffic": func(o objs) string { return `{"deployment_id":"` + o.DeploymentID + `"}` },
+	"SetDeploymentTraffic": func(o objs) string {
+		return `{"deployment_id":"` + o.DeploymentID + `","traffic":{"priority_scheduling":true}}`
+	},
+	"GetModelGroupTraffic": func(o objs) string { return `{"model_group":"` + o.ModelGroup + `"}` },
+	"SetModelGroupTraffic": func(o objs) string {
+		return `{"model_group":"` + o.ModelGroup + `","traffic":{"queues":[{"traffic_class":"TRAFFIC_CLASS_AGENT","max_length":10}]}}`
+	},
 }
 
 // orgFixture is one org with two teams, each with a member, a key and a
@@ -195,6 +240,9 @@ func (b *bundle) mkFixture(name string) orgFixture {
 	}
 	cus, err := c.Customer.CreateCustomer(ctx, connect.NewRequest(&adminv1.CreateCustomerRequest{OrgId: org.Id, ExternalId: "cust-" + u()}))
 	must(err)
+	iss, err := c.Issuer.CreateTrustedIssuer(ctx, connect.NewRequest(&adminv1.CreateTrustedIssuerRequest{OrgId: org.Id,
+		Issuer: "https://idp.example.com", Audience: "fixture-" + u(), TeamClaim: "team"}))
+	must(err)
 	for v := uint64(1); v <= 3; v++ {
 		b.mkConfigVersion(v, "default")
 	}
@@ -204,6 +252,12 @@ func (b *bundle) mkFixture(name string) orgFixture {
 	freeUser := mkUser()
 	group, emptyGroup := b.mkModelGroup("fixture-"+u()), b.mkModelGroup("fixture-empty-"+u())
 	dep := b.mkDeployment(group, "")
+	_, err = b.models(b.bootstrap).GrantModelGroup(ctx, connect.NewRequest(&adminv1.GrantModelGroupRequest{ModelGroup: group, OrgId: org.Id}))
+	must(err)
+	wh, err := b.alertClient(b.bootstrap).CreateAlertWebhook(ctx, connect.NewRequest(&adminv1.CreateAlertWebhookRequest{
+		OrgId: org.Id, Url: "http://127.0.0.1:9/fixture"}))
+	must(err)
+	delivery := b.mkDeadDelivery(org.Id, wh.Msg.Webhook.Id)
 	view := func(teamName string) objs {
 		team := mkTeam(teamName)
 		user := mkUser()
@@ -215,15 +269,16 @@ func (b *bundle) mkFixture(name string) orgFixture {
 			Name: "fixture", Scope: adminv1.Scope_SCOPE_TEAM, OrgId: org.Id, TeamId: team, Role: adminv1.Role_ROLE_VIEWER,
 		}))
 		must(err)
-		return objs{OrgID: org.Id, TeamID: team, UserID: user, CustomerID: cus.Msg.Customer.Id, KeyID: k.Msg.Key.Id,
+		return objs{OrgID: org.Id, TeamID: team, UserID: user, CustomerID: cus.Msg.Customer.Id, KeyID: k.Msg.Key.Id, IssuerID: iss.Msg.Issuer.Id,
 			TokenID: tk.Msg.AdminToken.Id, EmptyTeamID: emptyTeam, FreeUserID: freeUser, EmptyOrgID: empty.Id,
-			ModelGroup: group, EmptyModelGroup: emptyGroup, DeploymentID: dep.Id}
+			ModelGroup: group, EmptyModelGroup: emptyGroup, DeploymentID: dep.Id, WebhookID: wh.Msg.Webhook.Id, DeliveryID: delivery}
 	}
 	return orgFixture{team1: view("one"), team2: view("two")}
 }
 
 func (o objs) ids() []string {
-	return []string{o.OrgID, o.TeamID, o.UserID, o.CustomerID, o.KeyID, o.TokenID, o.EmptyTeamID, o.FreeUserID, o.EmptyOrgID}
+	return []string{o.OrgID, o.TeamID, o.UserID, o.CustomerID, o.KeyID, o.TokenID, o.EmptyTeamID, o.FreeUserID, o.EmptyOrgID, o.IssuerID,
+		o.WebhookID, o.DeliveryID}
 }
 
 func TestEveryMutatingRPCWritesExactlyOneAuditRow(t *testing.T) {
@@ -331,7 +386,8 @@ func TestTeamTokenStaysInItsTeam(t *testing.T) {
 	tok := b.mkToken(adminv1.Scope_SCOPE_TEAM, adminv1.Role_ROLE_ADMIN, a.team1.OrgID, a.team1.TeamID)
 	// Aimed at the other team of the same org (and at org-level objects).
 	t2 := a.team2
-	forbidden := []string{t2.TeamID, t2.UserID, t2.KeyID, t2.TokenID, t2.EmptyTeamID, t2.FreeUserID, t2.EmptyOrgID, t2.CustomerID}
+	forbidden := []string{t2.TeamID, t2.UserID, t2.KeyID, t2.TokenID, t2.EmptyTeamID, t2.FreeUserID, t2.EmptyOrgID, t2.CustomerID, t2.IssuerID,
+		t2.WebhookID, t2.DeliveryID}
 	checkIsolated(t, b, tok, t2, forbidden, "team-one admin")
 
 	// Positive control: inside its own team the same token works.
@@ -340,4 +396,22 @@ func TestTeamTokenStaysInItsTeam(t *testing.T) {
 		code, out := b.callJSON(tok, m, builders[parts[len(parts)-1]](a.team1))
 		require.Equal(t, "ok", code, "%s in own team: %s", m, out)
 	}
+}
+
+// mkDeadDelivery records an alert of org and a dead delivery of it to
+// webhook (as the deliverer leaves one after its last attempt), returning
+// the delivery id.
+func (b *bundle) mkDeadDelivery(org, webhook string) string {
+	b.t.Helper()
+	ctx := context.Background()
+	alertID := org + "/key/k/30d/0/" + u()
+	_, err := b.pool.Exec(ctx, `INSERT INTO budget_alerts (alert_id, fired_at, org_id, scope_kind, scope_id, threshold_percent,
+		spend_micros, cap_micros, soft_micros, budget_duration, window_start) VALUES ($1, now(), $2, 'key', 'k', 100, 1, 1, 0, '30d', now())`,
+		alertID, org)
+	require.NoError(b.t, err)
+	id := "dlv_fixture_" + u()
+	_, err = b.pool.Exec(ctx, `INSERT INTO alert_deliveries (delivery_id, alert_id, webhook_id, org_id, state, attempts, next_attempt_at,
+		last_error, created_at) VALUES ($1, $2, $3, $4, 'dead', 12, now(), 'HTTP 500', now())`, id, alertID, webhook, org)
+	require.NoError(b.t, err)
+	return id
 }

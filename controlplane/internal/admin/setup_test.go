@@ -83,6 +83,12 @@ const testKEK = "1:YWRtaW4tdGVzdC1rZWstMDEyMzQ1Njc4OWFiY2RlZmc="
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, url := testsvc.NewPool(t)
+	return setupOn(t, pool, url)
+}
+
+// setupOn is setup on a given pool (url is the database's direct URL).
+func setupOn(t *testing.T, pool *pgxpool.Pool, url string, opts ...func(*Options)) *bundle {
+	t.Helper()
 	clock := &fakeClock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
 	peppers, err := token.ParsePeppers(testPepper)
 	require.NoError(t, err)
@@ -92,8 +98,12 @@ func setup(t *testing.T) *bundle {
 	st := store.New(pool, clock.Now)
 	b := &bundle{t: t, pool: pool, dbURL: url, store: st, clock: clock, peppers: peppers,
 		bootstrap: "bootstrap-admin-token-for-tests-0123456789", logs: logs}
-	h := NewHandler(Options{Store: st, Peppers: peppers, BootstrapToken: b.bootstrap, KeyRing: ring,
-		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	o := Options{Store: st, Peppers: peppers, BootstrapToken: b.bootstrap, KeyRing: ring,
+		Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	for _, f := range opts {
+		f(&o)
+	}
+	h := NewHandler(o)
 	srv := httptest.NewUnstartedServer(h)
 	srv.EnableHTTP2 = true
 	srv.Start()
@@ -109,6 +119,7 @@ type clients struct {
 	User     adminv1connect.UserServiceClient
 	Key      adminv1connect.KeyServiceClient
 	Customer adminv1connect.CustomerServiceClient
+	Issuer   adminv1connect.IssuerServiceClient
 	Token    adminv1connect.AdminTokenServiceClient
 	Audit    adminv1connect.AuditServiceClient
 }
@@ -131,6 +142,7 @@ func (b *bundle) as(tok string) clients {
 		User:     adminv1connect.NewUserServiceClient(hc, b.url, opt),
 		Key:      adminv1connect.NewKeyServiceClient(hc, b.url, opt),
 		Customer: adminv1connect.NewCustomerServiceClient(hc, b.url, opt),
+		Issuer:   adminv1connect.NewIssuerServiceClient(hc, b.url, opt),
 		Token:    adminv1connect.NewAdminTokenServiceClient(hc, b.url, opt),
 		Audit:    adminv1connect.NewAuditServiceClient(hc, b.url, opt),
 	}

@@ -172,7 +172,7 @@ func spendLogToProto(l store.SpendLog) *adminv1.SpendLog {
 		KeyId: l.KeyID, Project: l.Project, Customer: l.Customer, AgentId: l.AgentID, SessionId: l.SessionID,
 		Tags: l.Tags, TrafficClass: l.TrafficClass, ModelGroup: l.ModelGroup, DeploymentId: l.DeploymentID,
 		PromptTokens: l.PromptTokens, CompletionTokens: l.CompletionTokens, CachedTokens: l.CachedTokens,
-		CostUsd: l.CostUSD, Status: l.Status, ErrorCode: l.ErrorCode, LatencyMs: l.LatencyMS, TtftMs: l.TTFTMS,
+		CacheCreationTokens: l.CacheCreationTokens, CostUsd: l.CostUSD, Status: l.Status, ErrorCode: l.ErrorCode, LatencyMs: l.LatencyMS, TtftMs: l.TTFTMS,
 		Attempts: l.Attempts, Route: l.Route,
 	}
 }

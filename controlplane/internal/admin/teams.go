@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -12,6 +11,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -28,8 +28,8 @@ import (
 type teamService struct{ *Server }
 
 const (
-	objTeam       = "team"
-	objTeamMember = "team_member"
+	objTeam       = string(events.ObjTeam)
+	objTeamMember = string(events.ObjMember)
 )
 
 // trafficClassPrefix is the enum value prefix dropped in the stored form.
@@ -69,7 +69,7 @@ func teamToProto(t store.Team) (*adminv1.Team, error) {
 	}
 	return &adminv1.Team{
 		Id: t.ID, OrgId: t.OrgID, Name: t.Name, Limits: l, Blocked: t.Blocked, Metadata: t.Metadata,
-		TrafficClass: tc, ModelGroupAliases: t.ModelGroupAliases,
+		TrafficClass: tc, ModelGroupAliases: t.ModelGroupAliases, Fallbacks: fallbacksToProto(t.Fallbacks),
 		CreateTime: timestamppb.New(t.CreatedAt), UpdateTime: timestamppb.New(t.UpdatedAt),
 	}, nil
 }
@@ -87,10 +87,7 @@ func checkTeam(c *validator, t *adminv1.Team) {
 	validateMetadata(c, t.GetMetadata())
 	validateTrafficClass(c, "traffic_class", t.GetTrafficClass())
 	validateAliases(c, "model_group_aliases", t.GetModelGroupAliases())
-}
-
-func teamEvent(kind string, t store.Team) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, OrgID: t.OrgID, ObjectType: objTeam, ObjectID: t.ID}
+	validateFallbackOverrides(c, "fallbacks", t.GetFallbacks())
 }
 
 // teamAudit writes the audit record of a change to team t; team_id is set
@@ -126,7 +123,7 @@ func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[admin
 	}
 	want := &adminv1.Team{
 		OrgId: orgID, Name: m.GetName(), Limits: m.GetLimits(), Metadata: m.GetMetadata(),
-		TrafficClass: m.GetTrafficClass(), ModelGroupAliases: m.GetModelGroupAliases(),
+		TrafficClass: m.GetTrafficClass(), ModelGroupAliases: m.GetModelGroupAliases(), Fallbacks: m.GetFallbacks(),
 	}
 	c := &validator{}
 	if orgID == "" {
@@ -150,6 +147,9 @@ func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[admin
 		if err := tx.TeamInsert(ctx, &t); err != nil {
 			return err
 		}
+		if err := setOverrides(ctx, tx, nil, want.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, &t, f) }); err != nil {
+			return err
+		}
 		var err error
 		if out, err = teamToProto(t); err != nil {
 			return err
@@ -157,7 +157,7 @@ func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[admin
 		if err := teamAudit(ctx, tx, audit.ActionCreated, t, nil, out); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, teamEvent(store.EventTeamUpserted, t))
+		return outbox(ctx, tx, events.TeamUpserted, t.OrgID, t.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -246,7 +246,7 @@ func (s *teamService) UpdateTeam(ctx context.Context, req *connect.Request[admin
 		}
 		after := proto.Clone(before).(*adminv1.Team)
 		if err := applyMask(after, req.Msg.GetTeam(), req.Msg.GetUpdateMask(),
-			"name", "limits", "metadata", "traffic_class", "model_group_aliases"); err != nil {
+			"name", "limits", "metadata", "traffic_class", "model_group_aliases", "fallbacks"); err != nil {
 			return err
 		}
 		if err := validateTeam(after); err != nil {
@@ -257,12 +257,15 @@ func (s *teamService) UpdateTeam(ctx context.Context, req *connect.Request[admin
 		if err := tx.TeamUpdate(ctx, &cur); err != nil {
 			return err
 		}
+		if err := setOverrides(ctx, tx, before.GetFallbacks(), after.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, &cur, f) }); err != nil {
+			return err
+		}
 		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
 		out = after
 		if err := teamAudit(ctx, tx, audit.ActionUpdated, cur, before, after); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, teamEvent(store.EventTeamUpserted, cur))
+		return outbox(ctx, tx, events.TeamUpserted, cur.OrgID, cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -271,71 +274,38 @@ func (s *teamService) UpdateTeam(ctx context.Context, req *connect.Request[admin
 }
 
 func (s *teamService) DeleteTeam(ctx context.Context, req *connect.Request[adminv1.DeleteTeamRequest]) (*connect.Response[adminv1.DeleteTeamResponse], error) {
-	id := req.Msg.GetId()
-	if err := requireField("id", id); err != nil {
-		return nil, err
-	}
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := teamToProto(cur)
-		if err != nil {
-			return err
-		}
-		// Memberships cascade; data planes drop them with the team on
-		// team.deleted, so no member.deleted events are written.
-		if err := tx.TeamDelete(ctx, cur.OrgID, cur.ID); err != nil {
-			return err
-		}
-		if err := teamAudit(ctx, tx, audit.ActionDeleted, cur, before, nil); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, teamEvent(store.EventTeamDeleted, cur))
-	})
-	if err != nil {
+	if err := deleteObject(ctx, s.store, teamObjects, req.Msg.GetId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteTeamResponse{}), nil
 }
 
-func (s *teamService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Team, error) {
-	if err := requireField("id", id); err != nil {
-		return nil, err
-	}
-	action, kind := audit.ActionBlocked, store.EventTeamBlocked
-	if !blocked {
-		action, kind = audit.ActionUnblocked, store.EventTeamUnblocked
-	}
-	var out *adminv1.Team
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+// teamObjects is the object of Block/Unblock/DeleteTeam; its audit record names the
+// team as its own team.
+var teamObjects = mutable[store.Team, *adminv1.Team]{
+	object: events.ObjTeam,
+	gate:   func(_ context.Context, id string) error { return requireField("id", id) },
+	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Team, error) {
 		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
-			return err
+			return cur, err
 		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := teamToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.TeamSetBlocked(ctx, &cur, blocked); err != nil {
-			return err
-		}
-		if out, err = teamToProto(cur); err != nil {
-			return err
-		}
-		if err := teamAudit(ctx, tx, action, cur, before, out); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, teamEvent(kind, cur))
-	})
-	return out, err
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID))
+	},
+	set: func(ctx context.Context, tx *store.Tx, cur *store.Team, b bool) error {
+		return tx.TeamSetBlocked(ctx, cur, b)
+	},
+	// Memberships cascade; data planes drop them with the team on
+	// team.deleted, so no member.deleted events are written.
+	remove: func(ctx context.Context, tx *store.Tx, cur store.Team) (any, error) {
+		return nil, tx.TeamDelete(ctx, cur.OrgID, cur.ID)
+	},
+	toProto: teamToProto,
+	scope:   func(t store.Team) (string, string, string) { return t.ID, t.OrgID, t.ID },
+}
+
+func (s *teamService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Team, error) {
+	return setBlocked(ctx, s.store, teamObjects, id, blocked)
 }
 
 func (s *teamService) BlockTeam(ctx context.Context, req *connect.Request[adminv1.BlockTeamRequest]) (*connect.Response[adminv1.BlockTeamResponse], error) {
@@ -380,14 +350,7 @@ func validateMember(m *adminv1.TeamMember) error {
 }
 
 // memberObjectID is the audit and outbox object id of a membership.
-func memberObjectID(teamID, userID string) string { return teamID + "/" + userID }
-
-func memberEvent(kind string, m store.TeamMember) store.OutboxEvent {
-	payload, _ := json.Marshal(map[string]string{"team_id": m.TeamID, "user_id": m.UserID})
-	return store.OutboxEvent{
-		Kind: kind, OrgID: m.OrgID, ObjectType: objTeamMember, ObjectID: memberObjectID(m.TeamID, m.UserID), Payload: payload,
-	}
-}
+func memberObjectID(teamID, userID string) string { return events.MemberObjectID(teamID, userID) }
 
 func memberAudit(ctx context.Context, tx *store.Tx, action string, m store.TeamMember, before, after *adminv1.TeamMember) error {
 	var b, a []byte
@@ -447,7 +410,7 @@ func (s *teamService) AddTeamMember(ctx context.Context, req *connect.Request[ad
 		if err := memberAudit(ctx, tx, audit.ActionMemberAdded, mem, nil, out); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, memberEvent(store.EventMemberUpserted, mem))
+		return memberOutbox(ctx, tx, events.MemberUpserted, mem)
 	})
 	if err != nil {
 		return nil, err
@@ -497,7 +460,7 @@ func (s *teamService) UpdateTeamMember(ctx context.Context, req *connect.Request
 		if err := memberAudit(ctx, tx, audit.ActionMemberUpdated, cur, before, after); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, memberEvent(store.EventMemberUpserted, cur))
+		return memberOutbox(ctx, tx, events.MemberUpserted, cur)
 	})
 	if err != nil {
 		return nil, err
@@ -536,7 +499,7 @@ func (s *teamService) RemoveTeamMember(ctx context.Context, req *connect.Request
 		if err := memberAudit(ctx, tx, audit.ActionMemberRemoved, cur, before, nil); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, memberEvent(store.EventMemberDeleted, cur))
+		return memberOutbox(ctx, tx, events.MemberDeleted, cur)
 	})
 	if err != nil {
 		return nil, err

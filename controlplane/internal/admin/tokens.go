@@ -81,6 +81,12 @@ func adminTokenToProto(a store.AdminToken) *adminv1.AdminToken {
 	if a.RevokedAt != nil {
 		out.RevokeTime = timestamppb.New(*a.RevokedAt)
 	}
+	if a.PreviousValidUntil != nil {
+		out.PreviousValidUntil = timestamppb.New(*a.PreviousValidUntil)
+	}
+	if a.RotatedAt != nil {
+		out.RotateTime = timestamppb.New(*a.RotatedAt)
+	}
 	return out
 }
 
@@ -135,16 +141,24 @@ func (s *adminTokenService) CreateAdminToken(ctx context.Context, req *connect.R
 			c.add("team_id", "required for SCOPE_TEAM")
 		}
 	}
+	// A token lives no longer than the token that mints it (whose
+	// Expires is already the earliest expiry along its own issuers): an
+	// unset expire_time inherits it, a later one is refused. Revoking or
+	// expiring an issuer ends its tokens too (see principalFromChain).
 	var expires *timestampAt
 	if m.ExpireTime != nil {
 		if err := m.ExpireTime.CheckValid(); err != nil {
 			c.add("expire_time", "invalid timestamp")
 		} else if !m.ExpireTime.AsTime().After(s.store.Now()) {
 			c.add("expire_time", "must be in the future")
+		} else if t := m.ExpireTime.AsTime().UTC().Truncate(time.Microsecond); !p.Expires.IsZero() && t.After(p.Expires) {
+			c.add("expire_time", "must not be after the expiry of the token creating it (%s); leave it unset to inherit that expiry",
+				p.Expires.UTC().Format(time.RFC3339Nano))
 		} else {
-			t := m.ExpireTime.AsTime().UTC()
 			expires = &timestampAt{t}
 		}
+	} else if !p.Expires.IsZero() {
+		expires = &timestampAt{p.Expires.UTC()}
 	}
 	if err := c.err(); err != nil {
 		// Authorise first so that an unauthorised caller learns nothing
@@ -246,6 +260,134 @@ func (s *adminTokenService) RevokeAdminToken(ctx context.Context, req *connect.R
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.RevokeAdminTokenResponse{AdminToken: out}), nil
+}
+
+// DeleteAdminToken deletes a token's record: it is refused from the next
+// request on, and so is every token it created (their issuer chain is
+// broken). Deleting the token that authenticates the call is allowed.
+func (s *adminTokenService) DeleteAdminToken(ctx context.Context, req *connect.Request[adminv1.DeleteAdminTokenRequest]) (*connect.Response[adminv1.DeleteAdminTokenResponse], error) {
+	if err := requireID("id", req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.AdminTokenGetForUpdate(ctx, tenant(ctx), req.Msg.GetId())
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.ManageTokens, tokenTarget(cur.Scope, cur.OrgID, cur.TeamID, "admin token "+cur.ID)); err != nil {
+			return err
+		}
+		if err := tx.AdminTokenDelete(ctx, cur.ID); err != nil {
+			return err
+		}
+		return tx.Audit(ctx, audit.ActionDeleted, objAdminToken, cur.ID, cur.OrgID, cur.TeamID, auditJSON(adminTokenToProto(cur)), nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.DeleteAdminTokenResponse{}), nil
+}
+
+// RotateAdminToken gives a token a new secret on the same record: its id,
+// scope, role, expiry and the tokens it created are unchanged. With a
+// grace period the previous secret keeps working until it ends (one
+// previous secret at a time: rotating again drops the older one).
+func (s *adminTokenService) RotateAdminToken(ctx context.Context, req *connect.Request[adminv1.RotateAdminTokenRequest]) (*connect.Response[adminv1.RotateAdminTokenResponse], error) {
+	if err := requireID("id", req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	grace, err := parseGracePeriod(req.Msg.GetGracePeriod())
+	if err != nil {
+		return nil, err
+	}
+	raw := token.Generate(token.AdminPrefix)
+	hash, ver := s.peppers.HashCurrent(raw)
+	var out *adminv1.AdminToken
+	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.AdminTokenGetForUpdate(ctx, tenant(ctx), req.Msg.GetId())
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.ManageTokens, tokenTarget(cur.Scope, cur.OrgID, cur.TeamID, "admin token "+cur.ID)); err != nil {
+			return err
+		}
+		if cur.RevokedAt != nil {
+			return &store.Error{Code: store.ErrFailedPrecondition, Msg: "admin token " + cur.ID + " is revoked; create a new one"}
+		}
+		oldHash, oldVer, err := tx.AdminTokenHash(ctx, cur.ID)
+		if err != nil {
+			return err
+		}
+		before := adminTokenToProto(cur)
+		var until *time.Time
+		if grace > 0 {
+			u := tx.Now().Add(grace).Truncate(time.Microsecond)
+			until = &u
+		}
+		cur.DisplayPrefix, cur.Last4 = token.DisplayPrefix(token.AdminPrefix, raw), token.Last4(raw)
+		if err := tx.AdminTokenRotate(ctx, &cur, hash, ver, oldHash, oldVer, until); err != nil {
+			return err
+		}
+		out = adminTokenToProto(cur)
+		after, err := rotationAfter(out, grace, until)
+		if err != nil {
+			return err
+		}
+		return tx.Audit(ctx, audit.ActionRotated, objAdminToken, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), after)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.RotateAdminTokenResponse{AdminToken: out, Token: raw}), nil
+}
+
+// UpdateAdminTokenExpiry sets or clears a token's expiry. Like a new
+// token, it may not outlive the caller (whose expiry is the earliest
+// along its issuers); an expiry in the past is refused.
+func (s *adminTokenService) UpdateAdminTokenExpiry(ctx context.Context, req *connect.Request[adminv1.UpdateAdminTokenExpiryRequest]) (*connect.Response[adminv1.UpdateAdminTokenExpiryResponse], error) {
+	if err := requireID("id", req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	p := principal(ctx)
+	var out *adminv1.AdminToken
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.AdminTokenGetForUpdate(ctx, tenant(ctx), req.Msg.GetId())
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, p, authz.ManageTokens, tokenTarget(cur.Scope, cur.OrgID, cur.TeamID, "admin token "+cur.ID)); err != nil {
+			return err
+		}
+		if cur.RevokedAt != nil {
+			return &store.Error{Code: store.ErrFailedPrecondition, Msg: "admin token " + cur.ID + " is revoked"}
+		}
+		var expires *time.Time
+		if et := req.Msg.GetExpireTime(); et != nil {
+			if err := et.CheckValid(); err != nil {
+				return invalid("expire_time", "invalid timestamp")
+			}
+			t := et.AsTime().UTC().Truncate(time.Microsecond)
+			switch {
+			case !t.After(tx.Now()):
+				return invalid("expire_time", "must be in the future (revoke or delete the token to end it now)")
+			case !p.Expires.IsZero() && t.After(p.Expires):
+				return invalid("expire_time", "must not be after the expiry of the calling token (%s)", p.Expires.UTC().Format(time.RFC3339Nano))
+			}
+			expires = &t
+		} else if !p.Expires.IsZero() {
+			return invalid("expire_time", "required: the calling token expires (%s), so it cannot make a token that never does", p.Expires.UTC().Format(time.RFC3339Nano))
+		}
+		before := adminTokenToProto(cur)
+		if err := tx.AdminTokenSetExpiry(ctx, &cur, expires); err != nil {
+			return err
+		}
+		out = adminTokenToProto(cur)
+		return tx.Audit(ctx, audit.ActionUpdated, objAdminToken, cur.ID, cur.OrgID, cur.TeamID, auditJSON(before), auditJSON(out))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateAdminTokenExpiryResponse{AdminToken: out}), nil
 }
 
 func (s *adminTokenService) WhoAmI(ctx context.Context, _ *connect.Request[adminv1.WhoAmIRequest]) (*connect.Response[adminv1.WhoAmIResponse], error) {

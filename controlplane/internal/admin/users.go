@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/ids"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
@@ -22,7 +22,7 @@ import (
 type userService struct{ *Server }
 
 const (
-	objUser = "user"
+	objUser = string(events.ObjUser)
 
 	maxEmailLen       = 254 // RFC 5321 path limit
 	maxDisplayNameLen = 200
@@ -130,10 +130,6 @@ func validateUser(u *adminv1.User) error {
 	return c.err()
 }
 
-func userEvent(kind string, u store.User) store.OutboxEvent {
-	return store.OutboxEvent{Kind: kind, OrgID: u.OrgID, ObjectType: objUser, ObjectID: u.ID}
-}
-
 func (s *userService) CreateUser(ctx context.Context, req *connect.Request[adminv1.CreateUserRequest]) (*connect.Response[adminv1.CreateUserResponse], error) {
 	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
 		return nil, err
@@ -164,7 +160,7 @@ func (s *userService) CreateUser(ctx context.Context, req *connect.Request[admin
 		if err := tx.Audit(ctx, audit.ActionCreated, objUser, u.ID, u.OrgID, "", nil, auditJSON(out)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, userEvent(store.EventUserUpserted, u))
+		return outbox(ctx, tx, events.UserUpserted, u.OrgID, u.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -261,7 +257,7 @@ func (s *userService) UpdateUser(ctx context.Context, req *connect.Request[admin
 		if err := tx.Audit(ctx, audit.ActionUpdated, objUser, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
 			return err
 		}
-		return tx.Outbox(ctx, userEvent(store.EventUserUpserted, cur))
+		return outbox(ctx, tx, events.UserUpserted, cur.OrgID, cur.ID, nil)
 	})
 	if err != nil {
 		return nil, err
@@ -269,89 +265,43 @@ func (s *userService) UpdateUser(ctx context.Context, req *connect.Request[admin
 	return connect.NewResponse(&adminv1.UpdateUserResponse{User: out}), nil
 }
 
-// userDeletedPayload is the payload of a user.deleted event: the teams
-// whose memberships of the user were removed with it.
-type userDeletedPayload struct {
-	TeamIDs []string `json:"team_ids"`
-}
-
 func (s *userService) DeleteUser(ctx context.Context, req *connect.Request[adminv1.DeleteUserRequest]) (*connect.Response[adminv1.DeleteUserResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
-		return nil, err
-	}
-	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
-		return nil, err
-	}
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := userToProto(cur)
-		if err != nil {
-			return err
-		}
-		teamIDs, err := tx.UserDelete(ctx, cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionDeleted, objUser, cur.ID, cur.OrgID, "", auditJSON(before), nil); err != nil {
-			return err
-		}
-		payload, err := json.Marshal(userDeletedPayload{TeamIDs: teamIDs})
-		if err != nil {
-			return err
-		}
-		ev := userEvent(store.EventUserDeleted, cur)
-		ev.Payload = payload
-		return tx.Outbox(ctx, ev)
-	})
-	if err != nil {
+	if err := deleteObject(ctx, s.store, userObjects, req.Msg.GetId()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteUserResponse{}), nil
 }
 
-func (s *userService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.User, error) {
-	action, kind := audit.ActionBlocked, store.EventUserBlocked
-	if !blocked {
-		action, kind = audit.ActionUnblocked, store.EventUserUnblocked
-	}
-	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
-		return nil, err
-	}
-	if err := requireID("id", id); err != nil {
-		return nil, err
-	}
-	var out *adminv1.User
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+// userObjects is the object of Block/Unblock/DeleteUser.
+var userObjects = mutable[store.User, *adminv1.User]{
+	object: events.ObjUser,
+	gate: func(ctx context.Context, id string) error {
+		if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+			return err
+		}
+		return requireID("id", id)
+	},
+	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.User, error) {
 		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
-			return err
+			return cur, err
 		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := userToProto(cur)
-		if err != nil {
-			return err
-		}
-		if err := tx.UserSetBlocked(ctx, &cur, blocked); err != nil {
-			return err
-		}
-		if out, err = userToProto(cur); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, action, objUser, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(out)); err != nil {
-			return err
-		}
-		return tx.Outbox(ctx, userEvent(kind, cur))
-	})
-	return out, err
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID))
+	},
+	set: func(ctx context.Context, tx *store.Tx, cur *store.User, b bool) error {
+		return tx.UserSetBlocked(ctx, cur, b)
+	},
+	// The user's memberships go with it; the payload names their teams.
+	remove: func(ctx context.Context, tx *store.Tx, cur store.User) (any, error) {
+		teamIDs, err := tx.UserDelete(ctx, cur)
+		return events.UserDeletedPayload{TeamIDs: teamIDs}, err
+	},
+	toProto: userToProto,
+	scope:   func(u store.User) (string, string, string) { return u.ID, u.OrgID, "" },
+}
+
+func (s *userService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.User, error) {
+	return setBlocked(ctx, s.store, userObjects, id, blocked)
 }
 
 func (s *userService) BlockUser(ctx context.Context, req *connect.Request[adminv1.BlockUserRequest]) (*connect.Response[adminv1.BlockUserResponse], error) {

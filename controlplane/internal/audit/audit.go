@@ -33,6 +33,13 @@ const (
 	ActionMemberRemoved = "member_removed"
 	ActionPromoted      = "promoted"
 	ActionRolledBack    = "rolled_back"
+	// ActionGranted and ActionRevoked record a model group granted to an
+	// org and taken away (object model_group_grant "<group>/<org>").
+	ActionGranted = "granted"
+	ActionRevoked = "revoked"
+	// ActionEpochStarted: the publisher found JetStream ahead of the
+	// database and renumbered distribution above it (docs/distribution.md).
+	ActionEpochStarted = "epoch_started"
 )
 
 // domain separates this hash from any other SHA-256 use.
@@ -104,6 +111,37 @@ type Verifier struct {
 
 // NewVerifier starts a verification at the beginning of the chain.
 func NewVerifier() *Verifier { return &Verifier{prevHash: ZeroHash} }
+
+// ResumeVerifier continues a verification after record prevSeq, whose
+// hash was prevHash (prevSeq 0 is the beginning of the chain).
+func ResumeVerifier(prevSeq int64, prevHash []byte) *Verifier {
+	if prevSeq == 0 {
+		return NewVerifier()
+	}
+	return &Verifier{prevSeq: prevSeq, prevHash: append([]byte(nil), prevHash...)}
+}
+
+// Position returns the last record verified and its hash.
+func (v *Verifier) Position() (int64, []byte) { return v.prevSeq, v.prevHash }
+
+// CheckAlone checks one record without walking the chain to it: its hash
+// over its contents and its link to the record before it, known only by
+// that record's hash (predHash; nil when there is no such record). It is
+// the check of a tenant's view, which sees only its own records.
+func CheckAlone(r *Record, predHash []byte) *Break {
+	if r.Seq == 1 {
+		predHash = ZeroHash
+	}
+	switch {
+	case predHash == nil:
+		return &Break{Seq: r.Seq - 1, Problem: fmt.Sprintf("record %d (just before record %d) is missing", r.Seq-1, r.Seq)}
+	case !bytes.Equal(r.PrevHash, predHash):
+		return &Break{Seq: r.Seq, Problem: "prev_hash does not match the previous record's hash (record removed, inserted or reordered)"}
+	case !bytes.Equal(ComputeHash(r), r.Hash):
+		return &Break{Seq: r.Seq, Problem: "hash does not match the record's contents (record edited)"}
+	}
+	return nil
+}
 
 // Next checks r against the previous record. It returns nil if the link
 // holds.

@@ -51,3 +51,43 @@ func TestCanonicalJSON(t *testing.T) {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 }
+
+func TestResumeVerifierContinuesAChain(t *testing.T) {
+	rs := chain(6)
+	v := ResumeVerifier(rs[2].Seq, rs[2].Hash)
+	for _, r := range rs[3:] {
+		if b := v.Next(r); b != nil {
+			t.Fatalf("resumed chain broken: %+v", b)
+		}
+	}
+	if b := v.End(rs[5].Seq, rs[5].Hash); b != nil || v.Checked() != 3 {
+		t.Fatalf("end: %+v, checked %d", b, v.Checked())
+	}
+	// Resuming with another hash than the record's breaks at the next one.
+	if b := ResumeVerifier(rs[2].Seq, rs[1].Hash).Next(rs[3]); b == nil || b.Seq != 4 {
+		t.Fatalf("wrong resume hash: got %+v, want break at 4", b)
+	}
+}
+
+func TestCheckAlone(t *testing.T) {
+	rs := chain(4)
+	for i, r := range rs {
+		var pred []byte
+		if i > 0 {
+			pred = rs[i-1].Hash
+		}
+		if b := CheckAlone(r, pred); b != nil {
+			t.Fatalf("record %d: %+v", r.Seq, b)
+		}
+	}
+	if b := CheckAlone(rs[2], nil); b == nil || b.Seq != 2 {
+		t.Fatalf("missing predecessor: %+v", b)
+	}
+	if b := CheckAlone(rs[2], rs[0].Hash); b == nil || b.Seq != 3 {
+		t.Fatalf("wrong predecessor: %+v", b)
+	}
+	rs[3].Actor = "mallory"
+	if b := CheckAlone(rs[3], rs[2].Hash); b == nil || b.Seq != 4 {
+		t.Fatalf("edited record: %+v", b)
+	}
+}

@@ -12,6 +12,12 @@
 // that died mid-batch then changes nothing. A message that does not
 // decode is terminated (it would not decode on redelivery either), logged
 // and counted, so one poison message never blocks the stream.
+//
+// A message may carry many items (DecodeMany: a data plane's batch of
+// usage events). Its items are always recorded in the same transaction
+// and the message acknowledged once it commits, so a message is recorded
+// whole or not at all; a transaction takes whole messages until it holds
+// at least BatchSize items.
 package ingest
 
 import (
@@ -43,6 +49,16 @@ const (
 	minBackoff        = 100 * time.Millisecond
 )
 
+// ErrNotYet marks a message this build cannot read but a newer one can
+// (an encoding from a newer data plane): it is left in the stream,
+// negatively acknowledged with a delay (NotYetDelay), logged and counted,
+// never terminated.
+var ErrNotYet = errors.New("message needs a newer control plane")
+
+// NotYetDelay is how long a message this build cannot read waits before
+// it is delivered again.
+const NotYetDelay = 30 * time.Second
+
 // Recorded says what one Record call did.
 type Recorded struct {
 	// Inserted counts messages newly written; Duplicates counts messages
@@ -63,8 +79,15 @@ type Config[T any] struct {
 	// What names one message in logs ("usage event").
 	What string
 	// Decode turns a message into an item. An error terminates the
-	// message: it must mean the message can never be recorded.
+	// message: it must mean the message can never be recorded (but see
+	// ErrNotYet).
 	Decode func(jetstream.Msg) (T, error)
+	// DecodeMany, instead of Decode, turns a message into any number of
+	// items, recorded together. rejected lists items of the message that
+	// can never be recorded: each is logged and counted as undecodable and
+	// the message's other items are recorded. An error means the whole
+	// message can never be recorded, as for Decode.
+	DecodeMany func(jetstream.Msg) (items []T, rejected []error, err error)
 	// Record writes items in one transaction, idempotently.
 	Record func(ctx context.Context, items []T) (Recorded, error)
 
@@ -109,8 +132,12 @@ type Stats struct {
 	Recorded int64
 	// Duplicates counts messages whose id was already recorded.
 	Duplicates int64
-	// Undecodable counts messages terminated because they do not decode.
+	// Undecodable counts messages terminated because they do not decode,
+	// and items of a message that were rejected (DecodeMany).
 	Undecodable int64
+	// NotYet counts deliveries of messages left in the stream for a newer
+	// build (ErrNotYet).
+	NotYet int64
 	// Failures counts failed batch transactions (the batch is redelivered).
 	Failures int64
 	// FetchErrors counts failed fetches (NATS unreachable, ...).
@@ -123,15 +150,25 @@ type Consumer[T any] struct {
 	js  jetstream.JetStream
 	log *slog.Logger
 
-	batches, recorded, duplicates, undecodable, failures, fetchErrors atomic.Int64
+	batches, recorded, duplicates, undecodable, notYet, failures, fetchErrors atomic.Int64
 }
 
 // New returns a consumer reading through nc, which must stay open while
 // Run runs.
 func New[T any](cfg Config[T], nc *nats.Conn) (*Consumer[T], error) {
 	cfg.defaults()
-	if cfg.Stream == "" || cfg.Durable == "" || cfg.Decode == nil || cfg.Record == nil {
-		return nil, errors.New("ingest: Stream, Durable, Decode and Record are required")
+	if cfg.Stream == "" || cfg.Durable == "" || (cfg.Decode == nil) == (cfg.DecodeMany == nil) || cfg.Record == nil {
+		return nil, errors.New("ingest: Stream, Durable, Record and one of Decode and DecodeMany are required")
+	}
+	if cfg.DecodeMany == nil {
+		decode := cfg.Decode
+		cfg.DecodeMany = func(m jetstream.Msg) ([]T, []error, error) {
+			it, err := decode(m)
+			if err != nil {
+				return nil, nil, err
+			}
+			return []T{it}, nil, nil
+		}
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -143,7 +180,7 @@ func New[T any](cfg Config[T], nc *nats.Conn) (*Consumer[T], error) {
 // Stats returns the counters.
 func (c *Consumer[T]) Stats() Stats {
 	return Stats{Batches: c.batches.Load(), Recorded: c.recorded.Load(), Duplicates: c.duplicates.Load(),
-		Undecodable: c.undecodable.Load(), Failures: c.failures.Load(), FetchErrors: c.fetchErrors.Load()}
+		Undecodable: c.undecodable.Load(), NotYet: c.notYet.Load(), Failures: c.failures.Load(), FetchErrors: c.fetchErrors.Load()}
 }
 
 // Run consumes until ctx is done. It waits for the stream to exist and
@@ -206,13 +243,15 @@ func (c *Consumer[T]) Run(ctx context.Context) error {
 // fetchOnce fetches and records one batch. It reports whether the round
 // trip worked (an empty batch is fine).
 func (c *Consumer[T]) fetchOnce(ctx context.Context, cons jetstream.Consumer) (bool, error) {
-	// The fetch ends after FetchWait (a partial batch is fine). It is not
-	// cut short by shutdown: messages the server already handed to a
-	// cancelled fetch would wait out AckWait before anyone else got them.
-	// A batch in hand is recorded and acknowledged before Run returns.
-	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.FetchWait)
-	defer cancel()
-	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchContext(fctx))
+	// The fetch ends after FetchWait (a partial batch is fine), when the
+	// server expires the pull request. It is bounded by that expiry, not
+	// by a context: a fetch given up on the client side (shutdown, or a
+	// context deadline, which nats.go gives the server only 90 % of)
+	// drops the messages the server sent meanwhile, and those wait out
+	// AckWait unacknowledged — 30 s during which the ledger's ack floor,
+	// which budget seeds wait for, is stuck. A batch in hand is recorded
+	// and acknowledged before Run returns.
+	batch, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.FetchWait))
 	if err != nil {
 		c.fetchErrors.Add(1)
 		return false, fmt.Errorf("fetch %ss: %w", c.cfg.What, err)
@@ -231,14 +270,26 @@ func (c *Consumer[T]) fetchOnce(ctx context.Context, cons jetstream.Consumer) (b
 	return true, c.record(ctx, msgs)
 }
 
-// record writes msgs in one transaction, then acks them. Undecodable
-// messages are terminated.
+// record decodes msgs and writes them in transactions of whole messages,
+// each of at least BatchSize items (or what is left), acknowledging each
+// transaction's messages after it commits. Undecodable messages are
+// terminated. When a transaction fails, its messages and every one not
+// recorded yet are negatively acknowledged.
 func (c *Consumer[T]) record(ctx context.Context, msgs []jetstream.Msg) error {
-	items := make([]T, 0, len(msgs))
-	good := make([]jetstream.Msg, 0, len(msgs))
-	for _, m := range msgs {
-		it, err := c.cfg.Decode(m)
-		if err != nil {
+	var (
+		items []T
+		good  []jetstream.Msg
+	)
+	for i, m := range msgs {
+		its, rejected, err := c.cfg.DecodeMany(m)
+		switch {
+		case errors.Is(err, ErrNotYet):
+			c.notYet.Add(1)
+			c.log.Error(c.cfg.What+" left in the stream: this control plane cannot read it; upgrade it",
+				"subject", m.Subject(), "error", err)
+			_ = m.NakWithDelay(NotYetDelay)
+			continue
+		case err != nil:
 			c.undecodable.Add(1)
 			c.log.Error("undecodable "+c.cfg.What+" dropped", "subject", m.Subject(), "error", err)
 			if terr := m.TermWithReason("undecodable " + c.cfg.What); terr != nil {
@@ -246,28 +297,50 @@ func (c *Consumer[T]) record(ctx context.Context, msgs []jetstream.Msg) error {
 			}
 			continue
 		}
-		items = append(items, it)
-		good = append(good, m)
-	}
-	if len(items) == 0 {
-		return nil
-	}
-	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TxTimeout)
-	res, err := c.cfg.Record(tctx, items)
-	cancel()
-	if err != nil {
-		c.failures.Add(1)
-		// Ask for redelivery soon rather than after AckWait; if the nak
-		// is lost, AckWait redelivers anyway.
-		for _, m := range good {
-			_ = m.NakWithDelay(time.Second)
+		for _, rerr := range rejected {
+			c.undecodable.Add(1)
+			c.log.Error("undecodable "+c.cfg.What+" dropped", "subject", m.Subject(), "error", rerr)
 		}
-		return err
+		items = append(items, its...)
+		good = append(good, m)
+		if len(items) < c.cfg.BatchSize && i < len(msgs)-1 {
+			continue
+		}
+		if err := c.commit(ctx, items, good); err != nil {
+			for _, m := range msgs[i+1:] {
+				_ = m.NakWithDelay(time.Second)
+			}
+			return err
+		}
+		items, good = nil, nil
 	}
-	c.batches.Add(1)
-	c.recorded.Add(int64(res.Inserted))
-	c.duplicates.Add(int64(res.Duplicates))
-	for _, m := range good {
+	if len(good) > 0 {
+		return c.commit(ctx, items, good)
+	}
+	return nil
+}
+
+// commit records items in one transaction, then acks msgs (or naks them
+// when the transaction fails).
+func (c *Consumer[T]) commit(ctx context.Context, items []T, msgs []jetstream.Msg) error {
+	if len(items) > 0 {
+		tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.TxTimeout)
+		res, err := c.cfg.Record(tctx, items)
+		cancel()
+		if err != nil {
+			c.failures.Add(1)
+			// Ask for redelivery soon rather than after AckWait; if the nak
+			// is lost, AckWait redelivers anyway.
+			for _, m := range msgs {
+				_ = m.NakWithDelay(time.Second)
+			}
+			return err
+		}
+		c.batches.Add(1)
+		c.recorded.Add(int64(res.Inserted))
+		c.duplicates.Add(int64(res.Duplicates))
+	}
+	for _, m := range msgs {
 		// A lost ack means a redelivery, which records nothing twice.
 		if err := m.Ack(); err != nil {
 			c.log.Warn("ack "+c.cfg.What+" (it will be redelivered and skipped)", "error", err)

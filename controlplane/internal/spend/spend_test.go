@@ -157,7 +157,7 @@ func event(i int) *usagev1.UsageEvent {
 		RequestId: fmt.Sprintf("req_%05d", i), Time: timestamppb.New(at), Region: "eu", InstanceId: "dp-1",
 		OrgId: fmt.Sprintf("org_%d", i%2), TeamId: "team_1", KeyId: fmt.Sprintf("key_%d", i%3),
 		ModelGroup: "qwen", DeploymentId: "dep_a", PromptTokens: int64(10 + i), CompletionTokens: int64(i % 7),
-		CachedTokens: 1, CostUsd: float64(i) * 0.25, Status: 200,
+		CachedTokens: 1, CacheCreationTokens: int64(i % 4), CostUsd: float64(i) * 0.25, Status: 200,
 	}
 	if i%2 == 0 {
 		ev.Tags = []string{"batch", "batch"} // a repeated tag counts once
@@ -193,6 +193,12 @@ func (b *bundle) checkLedger(st *store.Store, n int) {
 	require.NoError(b.t, b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT request_id) FROM spend_logs`).Scan(&rows, &distinct))
 	require.Equal(b.t, n, rows)
 	require.Equal(b.t, n, distinct)
+	var cacheWrites, wantWrites int64
+	require.NoError(b.t, b.pool.QueryRow(ctx, `SELECT coalesce(sum(cache_creation_tokens), 0) FROM spend_logs`).Scan(&cacheWrites))
+	for i := range n {
+		wantWrites += event(i).CacheCreationTokens
+	}
+	require.Equal(b.t, wantWrites, cacheWrites, "every row keeps its prompt-cache writes")
 	all := store.SpendSumQuery{Start: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), End: time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC)}
 	sum := func(scope, id, org string) store.SpendTotals {
 		q := all

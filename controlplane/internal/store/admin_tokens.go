@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/store/dbsqlc"
 )
@@ -23,6 +25,12 @@ type AdminToken struct {
 	RevokedAt     *time.Time
 	CreatedBy     string
 	CreatedAt     time.Time
+	// PreviousValidUntil is set after a rotation with grace: until then
+	// the previous secret authenticates too (ViaPrevious says a lookup
+	// matched it).
+	PreviousValidUntil *time.Time
+	RotatedAt          *time.Time
+	ViaPrevious        bool
 }
 
 // NewAdminToken is what AdminTokenInsert needs: the token's public fields
@@ -45,7 +53,7 @@ func adminTokenFromRow(r dbsqlc.AdminToken) (AdminToken, error) {
 	return AdminToken{
 		ID: r.ID, Name: r.Name, Scope: scope, OrgID: derefStr(r.OrgID), TeamID: derefStr(r.TeamID), Role: role,
 		DisplayPrefix: r.DisplayPrefix, Last4: r.Last4, ExpiresAt: r.ExpiresAt, RevokedAt: r.RevokedAt,
-		CreatedBy: r.CreatedBy, CreatedAt: r.CreatedAt,
+		CreatedBy: r.CreatedBy, CreatedAt: r.CreatedAt, PreviousValidUntil: r.PreviousValidUntil, RotatedAt: r.RotatedAt,
 	}, nil
 }
 
@@ -56,6 +64,39 @@ func (s *Store) AdminTokenByHash(ctx context.Context, hash []byte) (AdminToken, 
 		return AdminToken{}, orNotFound(err, "admin token")
 	}
 	return adminTokenFromRow(r)
+}
+
+// MaxAdminTokenChain bounds how many issuers AdminTokenChainByHash walks.
+const MaxAdminTokenChain = 64
+
+// AdminTokenChainByHash returns the token with the given hash followed by
+// the token that created it, and so on up its issuers, nearest first
+// (at most MaxAdminTokenChain+1). The chain is complete when the last
+// token's CreatedBy is authz.BootstrapID (the root, not a row); otherwise
+// an issuer is missing or the chain is longer than the bound. ErrNotFound
+// if no token has the hash.
+func (s *Store) AdminTokenChainByHash(ctx context.Context, hash []byte) ([]AdminToken, error) {
+	rows, err := s.q.AdminTokenChainByHash(ctx, s.pool, hash)
+	if err != nil {
+		return nil, fmt.Errorf("read admin token chain: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, notFound("admin token")
+	}
+	out := make([]AdminToken, 0, len(rows))
+	for _, r := range rows {
+		a, err := adminTokenFromRow(dbsqlc.AdminToken{
+			ID: r.ID, Name: r.Name, Scope: r.Scope, OrgID: r.OrgID, TeamID: r.TeamID, Role: r.Role,
+			DisplayPrefix: r.DisplayPrefix, Last4: r.Last4, ExpiresAt: r.ExpiresAt, RevokedAt: r.RevokedAt,
+			CreatedBy: r.CreatedBy, CreatedAt: r.CreatedAt, PreviousValidUntil: r.PreviousValidUntil,
+		})
+		if err != nil {
+			return nil, err
+		}
+		a.ViaPrevious = r.ViaPrevious
+		out = append(out, a)
+	}
+	return out, nil
 }
 
 // AdminTokenList returns a page of tokens visible to t.
@@ -101,4 +142,41 @@ func (t *Tx) AdminTokenRevoke(ctx context.Context, a *AdminToken) error {
 	now := t.now
 	a.RevokedAt = &now
 	return translate(t.q.AdminTokenRevoke(ctx, t.tx, dbsqlc.AdminTokenRevokeParams{ID: a.ID, RevokedAt: &now}))
+}
+
+// AdminTokenDelete deletes token id.
+func (t *Tx) AdminTokenDelete(ctx context.Context, id string) error {
+	return translate(t.q.AdminTokenDelete(ctx, t.tx, id))
+}
+
+// AdminTokenRotate gives a its new secret (hash, pepper version, display
+// prefix and last4 already set on a by the caller). With previousUntil
+// the old hash keeps authenticating until then; without, it is dropped.
+func (t *Tx) AdminTokenRotate(ctx context.Context, a *AdminToken, newHash []byte, newPepper int, oldHash []byte, oldPepper int, previousUntil *time.Time) error {
+	now := t.now
+	a.RotatedAt = &now
+	a.PreviousValidUntil = previousUntil
+	p := dbsqlc.AdminTokenRotateParams{ID: a.ID, TokenHash: newHash, PepperVersion: int32(newPepper),
+		DisplayPrefix: a.DisplayPrefix, Last4: a.Last4, RotatedAt: &now}
+	if previousUntil != nil {
+		p.PreviousHash, p.PreviousValidUntil = oldHash, previousUntil
+		p.PreviousPepperVersion = pgtype.Int4{Int32: int32(oldPepper), Valid: true}
+	}
+	return translate(t.q.AdminTokenRotate(ctx, t.tx, p))
+}
+
+// AdminTokenHash returns the current hash and pepper version of token id
+// (for a rotation that keeps it as the previous secret).
+func (t *Tx) AdminTokenHash(ctx context.Context, id string) ([]byte, int, error) {
+	r, err := t.q.AdminTokenGetHash(ctx, t.tx, id)
+	if err != nil {
+		return nil, 0, orNotFound(err, "admin token "+id)
+	}
+	return r.TokenHash, int(r.PepperVersion), nil
+}
+
+// AdminTokenSetExpiry sets (nil: clears) token a's expiry.
+func (t *Tx) AdminTokenSetExpiry(ctx context.Context, a *AdminToken, expires *time.Time) error {
+	a.ExpiresAt = expires
+	return translate(t.q.AdminTokenSetExpiry(ctx, t.tx, dbsqlc.AdminTokenSetExpiryParams{ID: a.ID, ExpiresAt: expires}))
 }

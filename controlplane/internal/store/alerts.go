@@ -78,10 +78,12 @@ func (s *Store) AlertRecord(ctx context.Context, alerts []BudgetAlert) (AlertRec
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		res = AlertRecordResult{}
 		var batchErr error
-		s.q.AlertInsert(ctx, tx, params).QueryRow(func(_ int, _ string, err error) {
+		var inserted []string
+		s.q.AlertInsert(ctx, tx, params).QueryRow(func(_ int, id string, err error) {
 			switch {
 			case err == nil:
 				res.Inserted++
+				inserted = append(inserted, id)
 			case errors.Is(err, pgx.ErrNoRows): // already recorded
 				res.Duplicates++
 			case batchErr == nil:
@@ -90,6 +92,14 @@ func (s *Store) AlertRecord(ctx context.Context, alerts []BudgetAlert) (AlertRec
 		})
 		if batchErr != nil {
 			return fmt.Errorf("insert budget alerts: %w", batchErr)
+		}
+		if len(inserted) == 0 {
+			return nil
+		}
+		// The delivery outbox: one row per new alert and webhook of its
+		// org, committed with the alert (docs/alerts.md).
+		if err := s.q.DeliveryEnqueue(ctx, tx, dbsqlc.DeliveryEnqueueParams{Now: s.Now(), AlertIds: inserted}); err != nil {
+			return fmt.Errorf("enqueue alert deliveries: %w", err)
 		}
 		return nil
 	})

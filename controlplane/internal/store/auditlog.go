@@ -43,16 +43,32 @@ func (s *Store) AuditList(ctx context.Context, q AuditQuery, limit int) ([]audit
 	return out, nil
 }
 
-// VerifyResult is the outcome of AuditVerify.
+// VerifyResult is the outcome of one page of AuditVerify.
 type VerifyResult struct {
+	// Checked counts the records verified in this page.
 	Checked int64
-	Break   *audit.Break
+	// Break is the first broken link, nil if none.
+	Break *audit.Break
+	// Next is where the next page starts; nil when the verification is
+	// complete (or broken).
+	Next *VerifyCursor
 }
 
-// AuditVerify walks the whole chain in sequence order and checks every
-// link and the chain head. The head is read first in the same snapshot
-// (repeatable read), so concurrent appends do not cause false alarms.
-func (s *Store) AuditVerify(ctx context.Context) (VerifyResult, error) {
+// VerifyCursor is the last record a platform verification page checked.
+type VerifyCursor struct {
+	Seq  int64
+	Hash []byte
+}
+
+// verifyBatch is how many records one query reads.
+const verifyBatch = 1000
+
+// AuditVerify checks up to limit records of the chain after cursor
+// (zero: from the first record), in sequence order: every link and every
+// hash, and once the page reaches the end, the chain head too. It runs in
+// one repeatable-read snapshot, the head read first, so concurrent
+// appends do not cause false alarms.
+func (s *Store) AuditVerify(ctx context.Context, after VerifyCursor, limit int) (VerifyResult, error) {
 	tx, err := s.pool.BeginTx(ctx, pgxRepeatableReadRO)
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("begin verify: %w", err)
@@ -62,10 +78,11 @@ func (s *Store) AuditVerify(ctx context.Context) (VerifyResult, error) {
 	if err != nil {
 		return VerifyResult{}, fmt.Errorf("read chain head: %w", err)
 	}
-	v := audit.NewVerifier()
-	var after int64
-	for {
-		rows, err := s.q.AuditScan(ctx, tx, dbsqlc.AuditScanParams{AfterSeq: after, Lim: 1000})
+	v := audit.ResumeVerifier(after.Seq, after.Hash)
+	cur := after.Seq
+	for int(v.Checked()) < limit {
+		n := min(verifyBatch, limit-int(v.Checked()))
+		rows, err := s.q.AuditScan(ctx, tx, dbsqlc.AuditScanParams{AfterSeq: cur, Lim: int32(n)})
 		if err != nil {
 			return VerifyResult{}, fmt.Errorf("scan audit records: %w", err)
 		}
@@ -74,11 +91,67 @@ func (s *Store) AuditVerify(ctx context.Context) (VerifyResult, error) {
 			if b := v.Next(&rec); b != nil {
 				return VerifyResult{Checked: v.Checked(), Break: b}, nil
 			}
-			after = r.Seq
+			cur = r.Seq
 		}
-		if len(rows) < 1000 {
-			break
+		if len(rows) < n {
+			return VerifyResult{Checked: v.Checked(), Break: v.End(head.AuditSeq, head.AuditHash)}, nil
 		}
 	}
+	if seq, hash := v.Position(); seq < head.AuditSeq {
+		return VerifyResult{Checked: v.Checked(), Next: &VerifyCursor{Seq: seq, Hash: hash}}, nil
+	}
 	return VerifyResult{Checked: v.Checked(), Break: v.End(head.AuditSeq, head.AuditHash)}, nil
+}
+
+// TenantCursor is the last record a tenant verification page checked, in
+// the (at, seq) order of the tenant's index.
+type TenantCursor struct {
+	At  time.Time
+	Seq int64
+}
+
+// TenantVerifyResult is the outcome of one page of AuditVerifyTenant.
+type TenantVerifyResult struct {
+	Checked int64
+	Break   *audit.Break
+	// Next is where the next page starts; nil when none remains.
+	Next *TenantCursor
+}
+
+// AuditVerifyTenant checks up to limit of tenant t's records (t.OrgID
+// required; t.TeamID narrows to a team) after cursor, each on its own
+// (audit.CheckAlone): its hash, and its link to the record before it in
+// the chain, compared by hash only. The records of other tenants are
+// neither returned nor counted.
+func (s *Store) AuditVerifyTenant(ctx context.Context, t Tenant, after TenantCursor, limit int) (TenantVerifyResult, error) {
+	tx, err := s.pool.BeginTx(ctx, pgxRepeatableReadRO)
+	if err != nil {
+		return TenantVerifyResult{}, fmt.Errorf("begin verify: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	var out TenantVerifyResult
+	cur := after
+	for int(out.Checked) < limit {
+		n := min(verifyBatch, limit-int(out.Checked))
+		rows, err := s.q.AuditScanTenant(ctx, tx, dbsqlc.AuditScanTenantParams{
+			OrgID: t.OrgID, TeamID: optStr(t.TeamID), AfterAt: cur.At, AfterSeq: cur.Seq, Lim: int32(n),
+		})
+		if err != nil {
+			return TenantVerifyResult{}, fmt.Errorf("scan audit records: %w", err)
+		}
+		for _, r := range rows {
+			rec := auditFromRow(r.AuditLog)
+			if b := audit.CheckAlone(&rec, r.PredHash); b != nil {
+				out.Break = b
+				return out, nil
+			}
+			out.Checked++
+			cur = TenantCursor{At: r.AuditLog.At, Seq: r.AuditLog.Seq}
+		}
+		if len(rows) < n {
+			return out, nil
+		}
+	}
+	out.Next = &cur
+	return out, nil
 }

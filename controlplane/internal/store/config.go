@@ -29,7 +29,9 @@ type ConfigState struct {
 	Users     []User
 	Members   []TeamMember
 	Customers []Customer
-	Keys      []ConfigKey
+	// Issuers are the trusted JWT issuers of every org.
+	Issuers []TrustedIssuer
+	Keys    []ConfigKey
 	// ModelGroups in name order; Deployments in id order, credentials
 	// sealed as stored.
 	ModelGroups []ModelGroup
@@ -113,6 +115,13 @@ func (s *Store) ConfigState(ctx context.Context) (ConfigState, error) {
 		}
 		st.Customers = append(st.Customers, c)
 	}
+	issuers, err := s.q.ConfigTrustedIssuers(ctx, tx)
+	if err != nil {
+		return st, fmt.Errorf("read trusted issuers: %w", err)
+	}
+	for _, r := range issuers {
+		st.Issuers = append(st.Issuers, trustedIssuerFromRow(r))
+	}
 	old, err := s.q.ConfigOldHashes(ctx, tx)
 	if err != nil {
 		return st, fmt.Errorf("read old key hashes: %w", err)
@@ -137,9 +146,18 @@ func (s *Store) ConfigState(ctx context.Context) (ConfigState, error) {
 	if err != nil {
 		return st, fmt.Errorf("read model groups: %w", err)
 	}
+	grants, err := s.q.ModelGroupGrantAll(ctx, tx)
+	if err != nil {
+		return st, fmt.Errorf("read model group grants: %w", err)
+	}
+	grantsOf := map[string][]string{}
+	for _, g := range grants {
+		grantsOf[g.ModelGroup] = append(grantsOf[g.ModelGroup], g.OrgID)
+	}
 	st.ModelGroups = make([]ModelGroup, len(groups))
 	for i, r := range groups {
 		st.ModelGroups[i] = modelGroupFromRow(r)
+		st.ModelGroups[i].OrgIDs = grantsOf[r.Name]
 	}
 	deps, err := s.q.DeploymentAll(ctx, tx)
 	if err != nil {
@@ -274,9 +292,10 @@ type VersionRecord struct {
 	CreatedAt time.Time
 }
 
-// NextConfigVersion returns the number the next compiled snapshot gets.
+// NextConfigVersion returns the number the next compiled snapshot gets:
+// above every compiled version and above the current epoch's floor.
 func (s *Store) NextConfigVersion(ctx context.Context) (int64, error) {
-	v, err := s.q.ConfigVersionMax(ctx, s.pool)
+	v, err := s.q.ConfigVersionFloor(ctx, s.pool)
 	if err != nil {
 		return 0, fmt.Errorf("read config versions: %w", err)
 	}
@@ -285,8 +304,9 @@ func (s *Store) NextConfigVersion(ctx context.Context) (int64, error) {
 
 // RecordConfigVersion stores a compiled version with each region's stream
 // position at compile time, and makes it current in every auto region (and
-// in regions that run nothing yet). It returns the regions whose current
-// version changed.
+// in regions that run nothing yet). The first version of an epoch becomes
+// current in every region, staged ones too: what they ran belongs to the
+// abandoned history. It returns the regions whose current version changed.
 func (s *Store) RecordConfigVersion(ctx context.Context, v VersionRecord, regionSeqs map[string]int64) ([]string, error) {
 	var changed []string
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
@@ -301,6 +321,20 @@ func (s *Store) RecordConfigVersion(ctx context.Context, v VersionRecord, region
 		if err != nil {
 			return fmt.Errorf("lock regions: %w", err)
 		}
+		baseline := false
+		switch ep, err := s.q.EpochLatestForUpdate(ctx, tx); {
+		case isNoRows(err):
+		case err != nil:
+			return fmt.Errorf("read distribution epoch: %w", err)
+		case ep.FirstVersion == nil:
+			if v.Version <= ep.VersionFloor {
+				return fmt.Errorf("config version %d is not above epoch %d's floor %d", v.Version, ep.Epoch, ep.VersionFloor)
+			}
+			baseline = true
+			if err := s.q.EpochSetFirstVersion(ctx, tx, dbsqlc.EpochSetFirstVersionParams{Epoch: ep.Epoch, FirstVersion: &v.Version}); err != nil {
+				return fmt.Errorf("record epoch's first version: %w", err)
+			}
+		}
 		for _, r := range regs {
 			seq, ok := regionSeqs[r.Name]
 			if !ok {
@@ -309,7 +343,7 @@ func (s *Store) RecordConfigVersion(ctx context.Context, v VersionRecord, region
 			if err := s.q.ConfigVersionRegionInsert(ctx, tx, dbsqlc.ConfigVersionRegionInsertParams{Version: v.Version, Region: r.Name, RegionSeq: seq}); err != nil {
 				return fmt.Errorf("insert version position: %w", err)
 			}
-			if r.Policy == "auto" || r.CurrentVersion == 0 {
+			if r.Policy == "auto" || r.CurrentVersion == 0 || baseline {
 				if err := s.q.ConfigRegionSetCurrent(ctx, tx, dbsqlc.ConfigRegionSetCurrentParams{Name: r.Name, CurrentVersion: v.Version, UpdatedAt: s.Now()}); err != nil {
 					return fmt.Errorf("set region version: %w", err)
 				}

@@ -33,6 +33,11 @@ type DataPlane struct {
 	InFlight         int64
 	StalenessSeconds float64 // seconds since it last heard from the control plane
 	Rejected         []RejectedSnapshot
+	// Rejecting is set while the instance refuses its region's current
+	// snapshot (nil otherwise).
+	Rejecting *Rejecting
+	// Ejected are the deployments the instance keeps out of rotation.
+	Ejected []EjectedDeployment
 	// LastSeen is when the control plane stored the heartbeat (store
 	// clock); DataPlaneUpsert sets it.
 	LastSeen time.Time
@@ -51,6 +56,28 @@ type RejectedSnapshot struct {
 	Time    time.Time `json:"time"`
 }
 
+// Rejecting is an instance refusing, since Since, the snapshot its
+// region's pointer names while it runs RunningVersion. It is stored as
+// JSON in data_planes.rejecting.
+type Rejecting struct {
+	Version        uint64    `json:"version"`
+	RunningVersion uint64    `json:"running_version"`
+	Reason         string    `json:"reason"`
+	Since          time.Time `json:"since"`
+	PastBound      bool      `json:"past_bound"`
+}
+
+// EjectedDeployment is a deployment out of an instance's rotation, stored
+// as JSON in data_planes.ejected.
+type EjectedDeployment struct {
+	DeploymentID string `json:"deployment_id"`
+	ModelGroup   string `json:"model_group"`
+	// Reason is "ejected", "parked" or "health_check".
+	Reason string `json:"reason"`
+	// Until is when it returns (nil: when a health check passes).
+	Until *time.Time `json:"until,omitempty"`
+}
+
 // Bounds on what one heartbeat may store: heartbeats come from the
 // network, so a broken instance must not grow a row without limit.
 const (
@@ -58,6 +85,8 @@ const (
 	maxHealthLen         = 32
 	maxRejectedSnapshots = 32
 	maxRejectReasonLen   = 1000
+	maxEjected           = 1000
+	maxEjectedFieldLen   = 200
 )
 
 // ErrBadHeartbeat is wrapped by DataPlaneUpsert's errors for heartbeats it
@@ -71,10 +100,24 @@ func dataPlaneFromRow(r dbsqlc.DataPlane) (DataPlane, error) {
 			return DataPlane{}, fmt.Errorf("decode rejected snapshots of data plane %s: %w", r.InstanceID, err)
 		}
 	}
+	var rejecting *Rejecting
+	if len(r.Rejecting) > 0 && string(r.Rejecting) != "null" {
+		rejecting = &Rejecting{}
+		if err := json.Unmarshal(r.Rejecting, rejecting); err != nil {
+			return DataPlane{}, fmt.Errorf("decode rejecting state of data plane %s: %w", r.InstanceID, err)
+		}
+	}
+	ej := []EjectedDeployment{}
+	if len(r.Ejected) > 0 {
+		if err := json.Unmarshal(r.Ejected, &ej); err != nil {
+			return DataPlane{}, fmt.Errorf("decode ejected deployments of data plane %s: %w", r.InstanceID, err)
+		}
+	}
 	return DataPlane{
+		Ejected:    ej,
 		InstanceID: r.InstanceID, Region: r.Region, AppliedVersion: uint64(r.AppliedVersion),
 		EventsSeq: uint64(r.EventsSeq), RegionSeq: uint64(r.RegionSeq), Health: r.Health,
-		InFlight: r.InFlight, StalenessSeconds: r.StalenessSeconds, Rejected: rej, LastSeen: r.LastSeen,
+		InFlight: r.InFlight, StalenessSeconds: r.StalenessSeconds, Rejected: rej, Rejecting: rejecting, LastSeen: r.LastSeen,
 	}, nil
 }
 
@@ -94,10 +137,26 @@ func (s *Store) DataPlaneUpsert(ctx context.Context, d DataPlane) error {
 	if err != nil {
 		return fmt.Errorf("encode rejected snapshots: %w", err)
 	}
+	var rejectingJSON []byte
+	if d.Rejecting != nil {
+		if rejectingJSON, err = json.Marshal(d.Rejecting); err != nil {
+			return fmt.Errorf("encode rejecting state: %w", err)
+		}
+	}
+	ej := d.Ejected
+	if ej == nil {
+		ej = []EjectedDeployment{}
+	}
+	ejJSON, err := json.Marshal(ej)
+	if err != nil {
+		return fmt.Errorf("encode ejected deployments: %w", err)
+	}
 	err = s.q.DataPlaneUpsert(ctx, s.pool, dbsqlc.DataPlaneUpsertParams{
+		Ejected:    ejJSON,
 		InstanceID: d.InstanceID, Region: d.Region, AppliedVersion: int64(d.AppliedVersion),
 		EventsSeq: int64(d.EventsSeq), RegionSeq: int64(d.RegionSeq), Health: d.Health,
 		InFlight: d.InFlight, StalenessSeconds: d.StalenessSeconds, Rejected: rejJSON, LastSeen: s.Now(),
+		Rejecting: rejectingJSON,
 	})
 	if err != nil {
 		return fmt.Errorf("upsert data plane %s: %w", d.InstanceID, err)
@@ -122,10 +181,25 @@ func checkHeartbeat(d DataPlane) error {
 		return bad("staleness is not a finite number")
 	case len(d.Rejected) > maxRejectedSnapshots:
 		return bad("more than %d rejected snapshots", maxRejectedSnapshots)
+	case len(d.Ejected) > maxEjected:
+		return bad("more than %d ejected deployments", maxEjected)
+	}
+	for _, e := range d.Ejected {
+		if len(e.DeploymentID) > maxEjectedFieldLen || len(e.ModelGroup) > maxEjectedFieldLen || len(e.Reason) > maxEjectedFieldLen {
+			return bad("an ejected deployment's field is longer than %d bytes", maxEjectedFieldLen)
+		}
 	}
 	for _, r := range d.Rejected {
 		if len(r.Reason) > maxRejectReasonLen {
 			return bad("a rejection reason is longer than %d bytes", maxRejectReasonLen)
+		}
+	}
+	if r := d.Rejecting; r != nil {
+		switch {
+		case len(r.Reason) > maxRejectReasonLen:
+			return bad("the rejecting reason is longer than %d bytes", maxRejectReasonLen)
+		case r.Version > math.MaxInt64 || r.RunningVersion > math.MaxInt64:
+			return bad("rejecting version out of range")
 		}
 	}
 	return nil

@@ -34,8 +34,11 @@ type Key struct {
 	Metadata      map[string]string
 	RotationCount int64
 	RotatedAt     *time.Time
-	CreatedAt     time.Time
-	UpdatedAt     time.Time
+	// Fallbacks are the key's per-group fallback overrides; they change
+	// only through KeyFallbacksSet.
+	Fallbacks Fallbacks
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // KeySecret is what the store keeps of a token: its keyed hash, the
@@ -65,8 +68,13 @@ func keyFromRow(r dbsqlc.Key) (Key, error) {
 	if err != nil {
 		return Key{}, fmt.Errorf("decode model group aliases of key %s: %w", r.ID, err)
 	}
+	fb, err := decodeFallbacks(r.Fallbacks)
+	if err != nil {
+		return Key{}, fmt.Errorf("decode fallbacks of key %s: %w", r.ID, err)
+	}
 	return Key{
-		ID: r.ID, OrgID: r.OrgID, TeamID: derefStr(r.TeamID), UserID: derefStr(r.UserID),
+		Fallbacks: fb,
+		ID:        r.ID, OrgID: r.OrgID, TeamID: derefStr(r.TeamID), UserID: derefStr(r.UserID),
 		Project: r.Project, Alias: r.Alias, DisplayPrefix: r.DisplayPrefix, Last4: r.Last4,
 		ExpiresAt: r.ExpiresAt, Tags: r.Tags, TrafficClass: r.TrafficClass, ModelGroupAliases: aliases,
 		EnforcedParams: r.EnforcedParams, AllowedRoutes: r.AllowedRoutes, Limits: r.Limits,
@@ -117,9 +125,13 @@ func (s *Store) KeyList(ctx context.Context, t Tenant, q KeyQuery, p Page) ([]Ke
 	return out, nil
 }
 
-// KeyCheckRefs checks that org orgID exists and that teamID and userID,
-// when set, name a team and a user of that org. The error is NotFound
-// naming the first missing one.
+// KeyCheckRefs checks that org orgID exists, that teamID, when set,
+// names a team of that org, and that userID, when set, names a user of
+// that org and, for a team key (teamID set), a member of that team: a
+// key draws on its owner's budget, so only the team's own members may
+// own its keys. Missing org or team, and a missing user of an org key,
+// are NotFound naming it; a team key's owner who is not a member of the
+// team (whether or not it exists elsewhere) is FailedPrecondition.
 func (t *Tx) KeyCheckRefs(ctx context.Context, orgID, teamID, userID string) error {
 	r, err := t.q.KeyRefsExist(ctx, t.tx, dbsqlc.KeyRefsExistParams{OrgID: orgID, TeamID: optStr(teamID), UserID: optStr(userID)})
 	if err != nil {
@@ -130,6 +142,9 @@ func (t *Tx) KeyCheckRefs(ctx context.Context, orgID, teamID, userID string) err
 		return notFound("org " + orgID)
 	case !r.TeamOk:
 		return notFound("team " + teamID)
+	case !r.MemberOk:
+		return &Error{Code: ErrFailedPrecondition, Msg: "user_id: user " + userID + " is not a member of team " + teamID +
+			"; a team key's owner must be a member of its team (add the user with AddTeamMember first)"}
 	case !r.UserOk:
 		return notFound("user " + userID)
 	}

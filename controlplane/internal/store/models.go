@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -14,8 +15,26 @@ import (
 type ModelGroup struct {
 	Name        string
 	Description string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	// PlatformWide groups are visible to every org; the others only to
+	// the orgs in OrgIDs (their grants).
+	PlatformWide bool
+	// OrgIDs are the orgs the group is granted to, sorted. Filled by
+	// ModelGroupGet and the config read (snapshots and events); nil in
+	// lists.
+	OrgIDs []string
+	// Traffic is JSON of sluice.admin.v1.ModelGroupTraffic ("{}": nothing
+	// set); it changes only through ModelGroupTrafficSet.
+	Traffic []byte
+	// Routing is JSON of sluice.admin.v1.ModelGroupRouting ("{}" or nil:
+	// the defaults); ModelGroupInsert and ModelGroupUpdate write it.
+	Routing []byte
+	// Fallbacks are the ordered fallback groups; Resilience is JSON of
+	// sluice.admin.v1.ModelGroupResilience ("{}": the proxy's flags). Both
+	// change only through ModelGroupResilienceSet.
+	Fallbacks  []string
+	Resilience []byte
+	CreatedAt  time.Time
+	UpdatedAt  time.Time
 }
 
 // Capabilities is what requests a deployment can serve (stored as JSON in
@@ -26,6 +45,9 @@ type Capabilities struct {
 	Vision          bool  `json:"vision,omitempty"`
 	MaxInputTokens  int64 `json:"max_input_tokens,omitempty"`
 	MaxOutputTokens int64 `json:"max_output_tokens,omitempty"`
+	// Protocols are the wire protocols served besides the OpenAI ones
+	// ("anthropic_messages", "openai_responses").
+	Protocols []string `json:"protocols,omitempty"`
 }
 
 // Deployment is one upstream engine of a model group. Its credential is
@@ -48,12 +70,16 @@ type Deployment struct {
 	OutputPrice      float64
 	CachedInputPrice float64
 	Free             bool
-	CreatedAt        time.Time
-	UpdatedAt        time.Time
+	// Traffic is JSON of sluice.admin.v1.DeploymentTraffic ("{}": nothing
+	// set); it changes only through DeploymentTrafficSet.
+	Traffic   []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 func modelGroupFromRow(r dbsqlc.ModelGroup) ModelGroup {
-	return ModelGroup{Name: r.Name, Description: r.Description, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+	return ModelGroup{Name: r.Name, Description: r.Description, PlatformWide: r.PlatformWide, Traffic: r.Traffic, Routing: r.Routing,
+		Fallbacks: nonNil(r.Fallbacks), Resilience: r.Resilience, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 
 func deploymentFromRow(r dbsqlc.Deployment) (Deployment, error) {
@@ -61,7 +87,7 @@ func deploymentFromRow(r dbsqlc.Deployment) (Deployment, error) {
 		ID: r.ID, ModelGroup: r.ModelGroup, APIBase: r.ApiBase, UpstreamModel: r.UpstreamModel,
 		CredentialCiphertext: r.CredentialCiphertext, Weight: r.Weight, MaxConcurrency: r.MaxConcurrency,
 		Tags: r.Tags, InputPrice: r.InputPrice, OutputPrice: r.OutputPrice, CachedInputPrice: r.CachedInputPrice,
-		Free: r.Free, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Free: r.Free, Traffic: r.Traffic, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
 	if len(r.CredentialCiphertext) == 0 {
 		d.CredentialCiphertext = nil
@@ -110,7 +136,88 @@ func (s *Store) ModelGroupGet(ctx context.Context, name string) (ModelGroup, err
 	if err != nil {
 		return ModelGroup{}, orNotFound(err, "model group "+name)
 	}
-	return modelGroupFromRow(r), nil
+	g := modelGroupFromRow(r)
+	if g.OrgIDs, err = s.q.ModelGroupGrantOrgs(ctx, s.pool, name); err != nil {
+		return ModelGroup{}, fmt.Errorf("read grants of model group %s: %w", name, err)
+	}
+	return g, nil
+}
+
+// ModelGroupVisibleList returns a page of the model groups org orgID may
+// see (platform-wide or granted to it), in name order.
+func (s *Store) ModelGroupVisibleList(ctx context.Context, orgID string, p Page) ([]ModelGroup, error) {
+	rows, err := s.q.ModelGroupVisibleList(ctx, s.pool, dbsqlc.ModelGroupVisibleListParams{AfterName: p.After, OrgID: orgID, Lim: int32(p.Limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list model groups of org %s: %w", orgID, err)
+	}
+	out := make([]ModelGroup, len(rows))
+	for i, r := range rows {
+		out[i] = modelGroupFromRow(r)
+	}
+	return out, nil
+}
+
+// ModelGroupVisibleTo reports whether org orgID may see model group name
+// (ErrNotFound when there is no such group).
+func (s *Store) ModelGroupVisibleTo(ctx context.Context, name, orgID string) (bool, error) {
+	ok, err := s.q.ModelGroupVisibleTo(ctx, s.pool, dbsqlc.ModelGroupVisibleToParams{Name: name, OrgID: orgID})
+	if err != nil {
+		return false, orNotFound(err, "model group "+name)
+	}
+	return ok, nil
+}
+
+// ModelGroupGrant lets one org see and call one model group.
+type ModelGroupGrant struct {
+	ModelGroup string
+	OrgID      string
+	CreatedAt  time.Time
+	CreatedBy  string
+}
+
+// GrantQuery filters ModelGroupGrantList ("" is any).
+type GrantQuery struct {
+	ModelGroup, OrgID string
+}
+
+// ModelGroupGrantList returns grants in (model_group, org_id) order after
+// the cursor (afterGroup, afterOrg).
+func (s *Store) ModelGroupGrantList(ctx context.Context, q GrantQuery, afterGroup, afterOrg string, limit int) ([]ModelGroupGrant, error) {
+	rows, err := s.q.ModelGroupGrantList(ctx, s.pool, dbsqlc.ModelGroupGrantListParams{
+		ModelGroup: optStr(q.ModelGroup), OrgID: optStr(q.OrgID), AfterGroup: afterGroup, AfterOrg: afterOrg, Lim: int32(limit)})
+	if err != nil {
+		return nil, fmt.Errorf("list model group grants: %w", err)
+	}
+	out := make([]ModelGroupGrant, len(rows))
+	for i, r := range rows {
+		out[i] = ModelGroupGrant{ModelGroup: r.ModelGroup, OrgID: r.OrgID, CreatedAt: r.CreatedAt, CreatedBy: r.CreatedBy}
+	}
+	return out, nil
+}
+
+// ModelGroupGrantInsert stores g (CreatedAt is the transaction time). An
+// existing grant is ErrAlreadyExists; an unknown group or org fails its
+// foreign key.
+func (t *Tx) ModelGroupGrantInsert(ctx context.Context, g *ModelGroupGrant) error {
+	g.CreatedAt = t.now
+	err := translate(t.q.ModelGroupGrantInsert(ctx, t.tx, dbsqlc.ModelGroupGrantInsertParams{
+		ModelGroup: g.ModelGroup, OrgID: g.OrgID, CreatedAt: t.now, CreatedBy: g.CreatedBy}))
+	if errors.Is(err, ErrAlreadyExists) {
+		return &Error{Code: ErrAlreadyExists, Msg: fmt.Sprintf("model group %s is already granted to org %s", g.ModelGroup, g.OrgID)}
+	}
+	return err
+}
+
+// ModelGroupGrantDelete removes a grant (ErrNotFound when there is none).
+func (t *Tx) ModelGroupGrantDelete(ctx context.Context, group, orgID string) error {
+	n, err := t.q.ModelGroupGrantDelete(ctx, t.tx, dbsqlc.ModelGroupGrantDeleteParams{ModelGroup: group, OrgID: orgID})
+	if err != nil {
+		return translate(err)
+	}
+	if n == 0 {
+		return notFound(fmt.Sprintf("grant of model group %s to org %s", group, orgID))
+	}
+	return nil
 }
 
 // ModelGroupList returns a page of model groups in name order.
@@ -130,7 +237,7 @@ func (s *Store) ModelGroupList(ctx context.Context, p Page) ([]ModelGroup, error
 // transaction time.
 func (t *Tx) ModelGroupInsert(ctx context.Context, g *ModelGroup) error {
 	g.CreatedAt, g.UpdatedAt = t.now, t.now
-	return translate(t.q.ModelGroupInsert(ctx, t.tx, dbsqlc.ModelGroupInsertParams{Name: g.Name, Description: g.Description, CreatedAt: t.now}))
+	return translate(t.q.ModelGroupInsert(ctx, t.tx, dbsqlc.ModelGroupInsertParams{Name: g.Name, Description: g.Description, PlatformWide: g.PlatformWide, Routing: routingOrEmpty(g.Routing), CreatedAt: t.now}))
 }
 
 // ModelGroupGetForUpdate returns model group name locked for the rest of
@@ -143,10 +250,10 @@ func (t *Tx) ModelGroupGetForUpdate(ctx context.Context, name string) (ModelGrou
 	return modelGroupFromRow(r), nil
 }
 
-// ModelGroupUpdate writes g's description.
+// ModelGroupUpdate writes g's description and platform-wide mark.
 func (t *Tx) ModelGroupUpdate(ctx context.Context, g *ModelGroup) error {
 	g.UpdatedAt = t.now
-	return translate(t.q.ModelGroupUpdate(ctx, t.tx, dbsqlc.ModelGroupUpdateParams{Name: g.Name, Description: g.Description, UpdatedAt: t.now}))
+	return translate(t.q.ModelGroupUpdate(ctx, t.tx, dbsqlc.ModelGroupUpdateParams{Name: g.Name, Description: g.Description, PlatformWide: g.PlatformWide, Routing: routingOrEmpty(g.Routing), UpdatedAt: t.now}))
 }
 
 // ModelGroupDelete deletes model group name. It fails with
@@ -239,4 +346,22 @@ func (t *Tx) DeploymentUpdate(ctx context.Context, d *Deployment) error {
 // DeploymentDelete deletes deployment id.
 func (t *Tx) DeploymentDelete(ctx context.Context, id string) error {
 	return translate(t.q.DeploymentDelete(ctx, t.tx, id))
+}
+
+// ModelGroupGrantOrgs returns the orgs model group name is granted to,
+// sorted, inside the transaction.
+func (t *Tx) ModelGroupGrantOrgs(ctx context.Context, name string) ([]string, error) {
+	orgs, err := t.q.ModelGroupGrantOrgs(ctx, t.tx, name)
+	if err != nil {
+		return nil, fmt.Errorf("read grants of model group %s: %w", name, err)
+	}
+	return orgs, nil
+}
+
+// routingOrEmpty is the stored form of no routing settings.
+func routingOrEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return []byte("{}")
+	}
+	return b
 }

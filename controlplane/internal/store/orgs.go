@@ -18,11 +18,14 @@ type Tenant struct {
 
 // Org is an organisation.
 type Org struct {
-	ID        string
-	Name      string
-	Limits    []byte // JSON of sluice.admin.v1.Limits
-	Blocked   bool
-	Metadata  map[string]string
+	ID       string
+	Name     string
+	Limits   []byte // JSON of sluice.admin.v1.Limits
+	Blocked  bool
+	Metadata map[string]string
+	// Traffic is JSON of sluice.admin.v1.OrgTraffic ("{}": nothing set);
+	// it changes only through OrgTrafficSet.
+	Traffic   []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -38,7 +41,7 @@ func orgFromRow(r dbsqlc.Org) (Org, error) {
 	if err != nil {
 		return Org{}, err
 	}
-	return Org{ID: r.ID, Name: r.Name, Limits: r.Limits, Blocked: r.Blocked, Metadata: md,
+	return Org{ID: r.ID, Name: r.Name, Limits: r.Limits, Blocked: r.Blocked, Metadata: md, Traffic: r.Traffic,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}, nil
 }
 

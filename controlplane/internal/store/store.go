@@ -12,6 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -45,22 +49,25 @@ func notFound(what string) error {
 
 // constraintMessages explains constraint violations to clients.
 var constraintMessages = map[string]string{
-	"orgs_name_key":                    "an org with this name already exists",
-	"teams_org_id_name_key":            "a team with this name already exists in the org",
-	"users_org_id_email_key":           "a user with this email already exists in the org",
-	"customers_org_id_external_id_key": "a customer with this external_id already exists in the org",
-	"team_members_pkey":                "the user is already a member of the team",
-	"keys_org_id_team_id_fkey":         "team_id does not name a team of the key's org",
-	"keys_org_id_user_id_fkey":         "user_id does not name a user of the key's org",
-	"team_members_org_id_user_id_fkey": "user_id does not name a user of the team's org",
-	"admin_tokens_org_id_team_id_fkey": "team_id does not name a team of the token's org",
-	"admin_tokens_org_id_fkey":         "org_id does not name an org",
-	"teams_org_id_fkey":                "org_id does not name an org",
-	"users_org_id_fkey":                "org_id does not name an org",
-	"customers_org_id_fkey":            "org_id does not name an org",
-	"keys_org_id_fkey":                 "org_id does not name an org",
-	"model_groups_pkey":                "a model group with this name already exists",
-	"deployments_model_group_fkey":     "model_group does not name a model group",
+	"orgs_name_key":                       "an org with this name already exists",
+	"teams_org_id_name_key":               "a team with this name already exists in the org",
+	"users_org_id_email_key":              "a user with this email already exists in the org",
+	"customers_org_id_external_id_key":    "a customer with this external_id already exists in the org",
+	"team_members_pkey":                   "the user is already a member of the team",
+	"keys_org_id_team_id_fkey":            "team_id does not name a team of the key's org",
+	"keys_org_id_user_id_fkey":            "user_id does not name a user of the key's org",
+	"team_members_org_id_user_id_fkey":    "user_id does not name a user of the team's org",
+	"admin_tokens_org_id_team_id_fkey":    "team_id does not name a team of the token's org",
+	"admin_tokens_org_id_fkey":            "org_id does not name an org",
+	"teams_org_id_fkey":                   "org_id does not name an org",
+	"users_org_id_fkey":                   "org_id does not name an org",
+	"customers_org_id_fkey":               "org_id does not name an org",
+	"keys_org_id_fkey":                    "org_id does not name an org",
+	"model_groups_pkey":                   "a model group with this name already exists",
+	"deployments_model_group_fkey":        "model_group does not name a model group",
+	"model_group_grants_model_group_fkey": "model_group does not name a model group",
+	"model_group_grants_org_id_fkey":      "org_id does not name an org",
+	"alert_webhooks_org_id_fkey":          "org_id does not name an org",
 }
 
 // translate maps database errors to store errors. Messages of unknown
@@ -96,6 +103,46 @@ func translate(err error) error {
 	return err
 }
 
+// IsUnavailable reports whether err means Postgres could not be reached
+// or dropped the connection, rather than refusing the statement: a failed
+// connect (refused, timed out, database gone), a connection closed or
+// reset under the statement, an unexpected EOF from the server, SQLSTATE
+// class 08 (connection exception), 57P01-57P03 (administrator, crash or
+// startup shutdown) and 53300 (too many connections). Such a failure is
+// retryable; the admin API answers it as Unavailable.
+//
+// A context that ended is not unavailability: callers check their own
+// context first (pgconn reports a done context as safe to retry).
+func IsUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var ce *pgconn.ConnectError
+	var ope *net.OpError
+	switch {
+	case errors.As(err, &ce), errors.As(err, &ope),
+		errors.Is(err, pgconn.ErrConnClosed), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE), errors.Is(err, syscall.ECONNREFUSED):
+		return true
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case strings.HasPrefix(pe.Code, "08"), pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", pe.Code == "53300":
+			return true
+		}
+		return false
+	}
+	// pgconn marks failures that happened before anything was sent (a
+	// closed or broken connection); an EOF only counts when it comes
+	// through pgconn, which wraps socket errors this way.
+	var retry interface{ SafeToRetry() bool }
+	if errors.As(err, &retry) {
+		return retry.SafeToRetry() || errors.Is(err, io.EOF)
+	}
+	return false
+}
+
 func isDeleteViolation(pe *pgconn.PgError) bool {
 	// "update or delete on table ... violates foreign key constraint"
 	return len(pe.Message) > 16 && pe.Message[:16] == "update or delete"
@@ -128,7 +175,8 @@ type Actor struct {
 }
 
 // OutboxEvent is a change the data planes must learn (published by the
-// config distribution; see outbox table).
+// config distribution; see outbox table). Rows are built by package
+// events, which owns the kinds and their payloads.
 type OutboxEvent struct {
 	Kind       string
 	OrgID      string
@@ -136,43 +184,6 @@ type OutboxEvent struct {
 	ObjectID   string
 	Payload    []byte // JSON object; nil means {}
 }
-
-// Outbox event kinds.
-const (
-	EventOrgUpserted       = "org.upserted"
-	EventOrgDeleted        = "org.deleted"
-	EventOrgBlocked        = "org.blocked"
-	EventOrgUnblocked      = "org.unblocked"
-	EventTeamUpserted      = "team.upserted"
-	EventTeamDeleted       = "team.deleted"
-	EventTeamBlocked       = "team.blocked"
-	EventTeamUnblocked     = "team.unblocked"
-	EventMemberUpserted    = "member.upserted"
-	EventMemberDeleted     = "member.deleted"
-	EventUserUpserted      = "user.upserted"
-	EventUserDeleted       = "user.deleted"
-	EventUserBlocked       = "user.blocked"
-	EventUserUnblocked     = "user.unblocked"
-	EventCustomerUpserted  = "customer.upserted"
-	EventCustomerDeleted   = "customer.deleted"
-	EventCustomerBlocked   = "customer.blocked"
-	EventCustomerUnblocked = "customer.unblocked"
-	EventKeyUpserted       = "key.upserted"
-	EventKeyDeleted        = "key.deleted"
-	EventKeyRotated        = "key.rotated"
-	EventKeyBlocked        = "key.blocked"
-	EventKeyUnblocked      = "key.unblocked"
-	// Model groups and deployments are platform objects (org_id ""). A
-	// deleted deployment is a security event (".deleted"): a removed
-	// upstream stops receiving traffic in every region at once.
-	EventModelGroupUpserted = "model_group.upserted"
-	EventModelGroupDeleted  = "model_group.deleted"
-	EventDeploymentUpserted = "deployment.upserted"
-	EventDeploymentDeleted  = "deployment.deleted"
-	// EventRegionPointer asks the publisher to rewrite a region's KV
-	// pointer (payload {"region":"<name>"}).
-	EventRegionPointer = "region.pointer"
-)
 
 // Tx is a mutation in progress. It is only valid inside Mutate's function.
 type Tx struct {

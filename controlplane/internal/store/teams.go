@@ -21,8 +21,11 @@ type Team struct {
 	// unspecified. The admin package owns the mapping to the API enum.
 	TrafficClass      string
 	ModelGroupAliases map[string]string
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
+	// Fallbacks are the team's per-group fallback overrides; they change
+	// only through TeamFallbacksSet.
+	Fallbacks Fallbacks
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // TeamQuery filters TeamList.
@@ -40,8 +43,13 @@ func teamFromRow(r dbsqlc.Team) (Team, error) {
 	if err != nil {
 		return Team{}, fmt.Errorf("decode model group aliases of team %s: %w", r.ID, err)
 	}
+	fb, err := decodeFallbacks(r.Fallbacks)
+	if err != nil {
+		return Team{}, fmt.Errorf("decode fallbacks of team %s: %w", r.ID, err)
+	}
 	return Team{
-		ID: r.ID, OrgID: r.OrgID, Name: r.Name, Limits: r.Limits, Blocked: r.Blocked, Metadata: md,
+		Fallbacks: fb,
+		ID:        r.ID, OrgID: r.OrgID, Name: r.Name, Limits: r.Limits, Blocked: r.Blocked, Metadata: md,
 		TrafficClass: r.TrafficClass, ModelGroupAliases: aliases, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}, nil
 }

@@ -60,32 +60,22 @@ type Catalog struct {
 	keys       map[string]*configv1.Key
 	byHash     map[string]hashEntry
 
-	groups      map[string]*configv1.ModelGroup
+	groups map[string]*configv1.ModelGroup
+	// granted indexes each group's granted_org_ids as a set (built with
+	// the group, replaced with it), so the grant check of a request is
+	// two map lookups however many orgs a group is granted to.
+	granted     map[string]map[string]struct{}
 	deployments map[string]*Deployment
 	open        OpenFunc
+	// policies holds each org's compiled traffic settings (traffic.go),
+	// rebuilt for an org whenever its record changes.
+	policies map[string]*TrafficPolicy
 
-	// seeds are the snapshot's durable budget spends (never changed by
-	// events: the next snapshot brings fresh ones).
-	seeds map[seedKey]Seed
-}
-
-type seedKey struct{ kind, id, window string }
-
-// Seed is the durable spend of a budget scope in one window (from the
-// ledger, carried in snapshots).
-type Seed struct {
-	SpendMicros int64
-	// WindowStart is the window's start, Unix seconds.
-	WindowStart int64
-}
-
-// BudgetSeed returns the durable spend of scope (kind, id) in the window
-// of length window that was current when the snapshot was compiled; ok is
-// false when the snapshot carries none (the spend was 0 or the scope had no
-// budget then).
-func (c *Catalog) BudgetSeed(kind, id, window string) (Seed, bool) {
-	s, ok := c.seeds[seedKey{kind, id, window}]
-	return s, ok
+	// issuers are the trusted JWT issuers by id; idents indexes them and
+	// the teams' names and users' e-mails (built on first use, replaced
+	// whenever one of them changes; jwt.go).
+	issuers map[string]*configv1.TrustedIssuer
+	idents  *identIndex
 }
 
 // OpenFunc decrypts a deployment credential sealed by the control plane's
@@ -133,9 +123,16 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 		customers: make(map[string]*configv1.Customer, len(s.Customers)), keys: make(map[string]*configv1.Key, len(s.Keys)),
 		byExternal: make(map[customerKey]*configv1.Customer, len(s.Customers)),
 		byHash:     make(map[string]hashEntry, len(s.Keys)),
+		issuers:    make(map[string]*configv1.TrustedIssuer, len(s.TrustedIssuers)),
+		idents:     &identIndex{},
 	}
+	for _, ti := range s.TrustedIssuers {
+		c.issuers[ti.GetId()] = ti
+	}
+	c.policies = make(map[string]*TrafficPolicy, len(s.Orgs))
 	for _, o := range s.Orgs {
 		c.orgs[o.GetId()] = o
+		c.policies[o.GetId()] = compileTraffic(o)
 	}
 	for _, t := range s.Teams {
 		c.teams[t.GetId()] = t
@@ -149,17 +146,13 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 	for _, cu := range s.Customers {
 		c.putCustomer(c.customers[cu.GetId()], cu)
 	}
+	c.granted = make(map[string]map[string]struct{}, len(s.ModelGroups))
 	for _, g := range s.ModelGroups {
 		c.groups[g.GetName()] = g
+		c.granted[g.GetName()] = grantSet(g)
 	}
 	for _, d := range s.Deployments {
 		c.deployments[d.GetId()] = newDeployment(d, open)
-	}
-	if len(s.BudgetSeeds) > 0 {
-		c.seeds = make(map[seedKey]Seed, len(s.BudgetSeeds))
-		for _, b := range s.BudgetSeeds {
-			c.seeds[seedKey{b.GetKind(), b.GetId(), b.GetWindow()}] = Seed{SpendMicros: b.GetSpendMicros(), WindowStart: b.GetWindowStart()}
-		}
 	}
 	for _, k := range s.Keys {
 		if len(k.GetHash()) != 32 {
@@ -219,7 +212,7 @@ func unindexKey(byHash map[string]hashEntry, k *configv1.Key) {
 func (c *Catalog) Counts() map[string]int {
 	return map[string]int{"orgs": len(c.orgs), "teams": len(c.teams), "users": len(c.users),
 		"members": len(c.members), "customers": len(c.customers), "keys": len(c.keys),
-		"model_groups": len(c.groups), "deployments": len(c.deployments)}
+		"model_groups": len(c.groups), "deployments": len(c.deployments), "trusted_issuers": len(c.issuers)}
 }
 
 // ErrUnknownChange is returned for an event this build cannot apply.
@@ -233,13 +226,28 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 	if ev.GetSeq() > n.EventsSeq {
 		n.EventsSeq = ev.GetSeq()
 	}
+	switch ev.GetChange().(type) {
+	case *configv1.Event_Team, *configv1.Event_TeamDeleted, *configv1.Event_User, *configv1.Event_UserDeleted,
+		*configv1.Event_TrustedIssuer, *configv1.Event_TrustedIssuerDeleted:
+		n.idents = &identIndex{} // names, e-mails or issuers changed
+	}
 	switch ch := ev.GetChange().(type) {
+	case *configv1.Event_TrustedIssuer:
+		n.issuers = maps.Clone(c.issuers)
+		n.issuers[ch.TrustedIssuer.GetId()] = ch.TrustedIssuer
+	case *configv1.Event_TrustedIssuerDeleted:
+		n.issuers = maps.Clone(c.issuers)
+		delete(n.issuers, ch.TrustedIssuerDeleted)
 	case *configv1.Event_Org:
 		n.orgs = maps.Clone(c.orgs)
 		n.orgs[ch.Org.GetId()] = ch.Org
+		n.policies = maps.Clone(c.policies)
+		n.policies[ch.Org.GetId()] = compileTraffic(ch.Org)
 	case *configv1.Event_OrgDeleted:
 		n.orgs = maps.Clone(c.orgs)
 		delete(n.orgs, ch.OrgDeleted)
+		n.policies = maps.Clone(c.policies)
+		delete(n.policies, ch.OrgDeleted)
 	case *configv1.Event_Team:
 		n.teams = maps.Clone(c.teams)
 		n.teams[ch.Team.GetId()] = ch.Team
@@ -304,9 +312,13 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 	case *configv1.Event_ModelGroup:
 		n.groups = maps.Clone(c.groups)
 		n.groups[ch.ModelGroup.GetName()] = ch.ModelGroup
+		n.granted = maps.Clone(c.granted)
+		n.granted[ch.ModelGroup.GetName()] = grantSet(ch.ModelGroup)
 	case *configv1.Event_ModelGroupDeleted:
 		n.groups = maps.Clone(c.groups)
 		delete(n.groups, ch.ModelGroupDeleted)
+		n.granted = maps.Clone(c.granted)
+		delete(n.granted, ch.ModelGroupDeleted)
 	case *configv1.Event_Deployment:
 		n.deployments = maps.Clone(c.deployments)
 		n.deployments[ch.Deployment.GetId()] = newDeployment(ch.Deployment, c.open)
@@ -325,18 +337,18 @@ func (n *Catalog) applyBlock(c *Catalog, b *configv1.BlockChange) error {
 	case "org":
 		if o := c.orgs[id]; o != nil {
 			n.orgs = maps.Clone(c.orgs)
-			n.orgs[id] = &configv1.Org{Id: o.Id, Limits: o.Limits, Blocked: blocked}
+			n.orgs[id] = &configv1.Org{Id: o.Id, Limits: o.Limits, Blocked: blocked, Traffic: o.Traffic}
 		}
 	case "team":
 		if t := c.teams[id]; t != nil {
 			n.teams = maps.Clone(c.teams)
 			n.teams[id] = &configv1.Team{Id: t.Id, OrgId: t.OrgId, Limits: t.Limits, Blocked: blocked,
-				TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases}
+				TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases, Name: t.Name, Fallbacks: t.Fallbacks}
 		}
 	case "user":
 		if u := c.users[id]; u != nil {
 			n.users = maps.Clone(c.users)
-			n.users[id] = &configv1.User{Id: u.Id, OrgId: u.OrgId, Limits: u.Limits, Blocked: blocked}
+			n.users[id] = &configv1.User{Id: u.Id, OrgId: u.OrgId, Limits: u.Limits, Blocked: blocked, Email: u.Email}
 		}
 	case "customer":
 		if cu := c.customers[id]; cu != nil {
@@ -361,19 +373,13 @@ func cloneKey(k *configv1.Key) *configv1.Key {
 		Id: k.Id, OrgId: k.OrgId, TeamId: k.TeamId, UserId: k.UserId, Project: k.Project, Alias: k.Alias,
 		Hash: k.Hash, PepperVersion: k.PepperVersion, ExpireTime: k.ExpireTime, Tags: k.Tags,
 		TrafficClass: k.TrafficClass, ModelGroupAliases: k.ModelGroupAliases, EnforcedParams: k.EnforcedParams,
-		AllowedRoutes: k.AllowedRoutes, Limits: k.Limits, Blocked: k.Blocked, OldHashes: k.OldHashes,
+		AllowedRoutes: k.AllowedRoutes, Limits: k.Limits, Blocked: k.Blocked, OldHashes: k.OldHashes, Fallbacks: k.Fallbacks,
 	}
 }
 
-// Principal is an authenticated key with its chain.
-type Principal struct {
-	Key  *configv1.Key
-	Org  *configv1.Org
-	Team *configv1.Team // nil for org-level keys
-	User *configv1.User // nil without an owner user
-	// Member is the owner user's membership of the key's team, if any.
-	Member *configv1.Member
-}
+// Principal is an authenticated key with its chain (declared by package
+// authn, which authenticates requests over the catalog).
+type Principal = authn.Principal
 
 // Authenticate finds the key of tok at time now: shape and checksum first
 // (authn.ErrMalformed, before any lookup), then the hash under every
@@ -404,40 +410,56 @@ func (c *Catalog) Authenticate(peppers *token.Peppers, tok string, now time.Time
 		if !token.Equal(stored, cand.Hash) {
 			continue
 		}
-		org := c.orgs[k.GetOrgId()]
-		if org == nil {
-			return nil, authn.ErrUnknown // org deleted
-		}
-		p := &Principal{Key: k, Org: org}
-		if k.GetTeamId() != "" {
-			if p.Team = c.teams[k.GetTeamId()]; p.Team == nil {
-				return nil, authn.ErrUnknown
-			}
-		}
-		if k.GetUserId() != "" {
-			if p.User = c.users[k.GetUserId()]; p.User == nil {
-				return nil, authn.ErrUnknown
-			}
-			if k.GetTeamId() != "" {
-				p.Member = c.members[memberKey{k.GetTeamId(), k.GetUserId()}]
-			}
-		}
-		if exp := k.GetExpireTime(); exp != nil && !now.Before(exp.AsTime()) {
-			return p, authn.ErrExpired
-		}
-		switch {
-		case org.GetBlocked():
-			return p, &authn.BlockedError{Scope: authn.ScopeOrg}
-		case p.Team != nil && p.Team.GetBlocked():
-			return p, &authn.BlockedError{Scope: authn.ScopeTeam}
-		case p.User != nil && p.User.GetBlocked():
-			return p, &authn.BlockedError{Scope: authn.ScopeUser}
-		case k.GetBlocked():
-			return p, &authn.BlockedError{Scope: authn.ScopeKey}
-		}
-		return p, nil
+		return c.keyPrincipal(k, now)
 	}
 	return nil, authn.ErrUnknown
+}
+
+// KeyPrincipal is the principal of the key with id keyID at now, with
+// the checks Authenticate makes once a token matched (expiry, blocks,
+// missing parents), for explaining a key's decisions without its token.
+func (c *Catalog) KeyPrincipal(keyID string, now time.Time) (*Principal, error) {
+	k := c.keys[keyID]
+	if k == nil {
+		return nil, authn.ErrUnknown
+	}
+	return c.keyPrincipal(k, now)
+}
+
+// keyPrincipal builds k's principal and checks it at now.
+func (c *Catalog) keyPrincipal(k *configv1.Key, now time.Time) (*Principal, error) {
+	org := c.orgs[k.GetOrgId()]
+	if org == nil {
+		return nil, authn.ErrUnknown // org deleted
+	}
+	p := &Principal{Key: k, Org: org}
+	if k.GetTeamId() != "" {
+		if p.Team = c.teams[k.GetTeamId()]; p.Team == nil {
+			return nil, authn.ErrUnknown
+		}
+	}
+	if k.GetUserId() != "" {
+		if p.User = c.users[k.GetUserId()]; p.User == nil {
+			return nil, authn.ErrUnknown
+		}
+		if k.GetTeamId() != "" {
+			p.Member = c.members[memberKey{k.GetTeamId(), k.GetUserId()}]
+		}
+	}
+	if exp := k.GetExpireTime(); exp != nil && !now.Before(exp.AsTime()) {
+		return p, authn.ErrExpired
+	}
+	switch {
+	case org.GetBlocked():
+		return p, &authn.BlockedError{Scope: authn.ScopeOrg}
+	case p.Team != nil && p.Team.GetBlocked():
+		return p, &authn.BlockedError{Scope: authn.ScopeTeam}
+	case p.User != nil && p.User.GetBlocked():
+		return p, &authn.BlockedError{Scope: authn.ScopeUser}
+	case k.GetBlocked():
+		return p, &authn.BlockedError{Scope: authn.ScopeKey}
+	}
+	return p, nil
 }
 
 // Equal reports whether two catalogs hold the same configuration (ignoring
@@ -460,6 +482,9 @@ func (c *Catalog) Equal(o *Catalog) error {
 		return err
 	}
 	if err := eqMaps("model group", c.groups, o.groups); err != nil {
+		return err
+	}
+	if err := eqMaps("trusted issuer", c.issuers, o.issuers); err != nil {
 		return err
 	}
 	if len(c.deployments) != len(o.deployments) {
@@ -499,6 +524,47 @@ func (c *Catalog) HasDeployment(id string) bool { return c.deployments[id] != ni
 
 // HasModelGroup reports whether the model group exists.
 func (c *Catalog) HasModelGroup(name string) bool { return c.groups[name] != nil }
+
+// ModelGroupVisible reports whether org orgID may use model group name:
+// the group exists and is platform-wide or granted to the org
+// (docs/tenancy.md).
+func (c *Catalog) ModelGroupVisible(orgID, name string) bool {
+	g := c.groups[name]
+	if g == nil {
+		return false
+	}
+	if g.GetPlatformWide() {
+		return true
+	}
+	_, ok := c.granted[name][orgID]
+	return ok
+}
+
+// grantSet is g's granted_org_ids as a set (nil for none).
+func grantSet(g *configv1.ModelGroup) map[string]struct{} {
+	ids := g.GetGrantedOrgIds()
+	if len(ids) == 0 {
+		return nil
+	}
+	out := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		out[id] = struct{}{}
+	}
+	return out
+}
+
+// VisibleModelGroups returns the names of the model groups org orgID may
+// use, sorted.
+func (c *Catalog) VisibleModelGroups(orgID string) []string {
+	out := make([]string, 0, len(c.groups))
+	for n := range c.groups {
+		if c.ModelGroupVisible(orgID, n) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // ModelGroups returns the model group names, sorted.
 func (c *Catalog) ModelGroups() []string {

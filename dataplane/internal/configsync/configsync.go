@@ -30,8 +30,11 @@ import (
 // Defaults.
 const (
 	DefaultHeartbeatInterval = 2 * time.Second
-	catchUpTimeout           = 5 * time.Second
-	maxRejected              = 10
+	// DefaultMaxRejecting is how long a data plane may refuse its region's
+	// current snapshot before it reports itself unready.
+	DefaultMaxRejecting = 30 * time.Second
+	catchUpTimeout      = 5 * time.Second
+	maxRejected         = 10
 )
 
 // Config configures a Syncer.
@@ -44,15 +47,23 @@ type Config struct {
 	// HeartbeatInterval is the heartbeat period (DefaultHeartbeatInterval
 	// if 0).
 	HeartbeatInterval time.Duration
+	// MaxRejecting bounds how long the Syncer may keep refusing the
+	// snapshot its region's pointer names (keeping an older one) before
+	// RejectingPastBound reports true (DefaultMaxRejecting if 0).
+	MaxRejecting time.Duration
 	// Open decrypts deployment credentials (nil: deployments with a
 	// credential are unavailable).
 	Open catalog.OpenFunc
 	// InFlight reports requests in flight, for heartbeats (nil: 0).
 	InFlight func() int64
-	Logger   *slog.Logger
+	// Ejected, when set, lists the deployments out of rotation for the
+	// heartbeat (the fleet view).
+	Ejected func() []*configv1.EjectedDeployment
+	Logger  *slog.Logger
 	// OnCreate, when set, is called with the org ids and deployment ids an
-	// event creates (absent from the catalog before it), before the
-	// catalog that holds them is published. It must return quickly.
+	// event or a snapshot replacing the running one creates (absent from
+	// the catalog before it), before the catalog that holds them is
+	// published. It must return quickly.
 	OnCreate func(orgs, deployments []string)
 	// BeforeFirst, when set, is called with the first catalog before it is
 	// published (before the data plane is ready).
@@ -84,6 +95,11 @@ type Syncer struct {
 
 	mu       sync.Mutex
 	rejected []*configv1.RejectedSnapshot
+	// rejecting is set from the first refusal of the region's current
+	// pointer until a snapshot is applied or the pointer names the running
+	// version again; boundLogged once past the bound was logged.
+	rejecting   *configv1.Rejecting
+	boundLogged bool
 
 	snapshotsApplied, snapshotsRejected, eventsApplied, eventsSkipped, resyncs atomic.Int64
 }
@@ -95,6 +111,9 @@ func New(cfg Config, nc *nats.Conn) (*Syncer, error) {
 	}
 	if cfg.HeartbeatInterval == 0 {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.MaxRejecting == 0 {
+		cfg.MaxRejecting = DefaultMaxRejecting
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -141,12 +160,77 @@ func (s *Syncer) touch() { s.lastContact.Store(time.Now().UnixNano()) }
 func (s *Syncer) reject(version uint64, reason string) {
 	s.snapshotsRejected.Add(1)
 	s.log.Error("snapshot rejected; keeping the last good one", "version", version, "reason", reason)
+	var running uint64
+	if c := s.cat.Load(); c != nil {
+		running = c.Version
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.rejected = append(s.rejected, &configv1.RejectedSnapshot{Version: version, Reason: reason, At: timestamppb.Now()})
 	if len(s.rejected) > maxRejected {
 		s.rejected = s.rejected[len(s.rejected)-maxRejected:]
 	}
+	since := timestamppb.Now()
+	if s.rejecting != nil {
+		since = s.rejecting.GetSince()
+	}
+	s.rejecting = &configv1.Rejecting{Version: version, RunningVersion: running, Reason: reason, Since: since}
+}
+
+// accepted ends a run of refusals: a snapshot was applied, or the pointer
+// names the running version again.
+func (s *Syncer) accepted() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rejecting != nil && s.boundLogged {
+		s.log.Info("no longer rejecting the control plane's snapshots", "rejected_for", time.Since(s.rejecting.GetSince().AsTime()).Round(time.Millisecond))
+	}
+	s.rejecting, s.boundLogged = nil, false
+}
+
+// Rejecting returns the run of refusals in progress (nil when the
+// region's pointer names the running snapshot): since when, the refused
+// version, the running one and why; PastBound once it has lasted longer
+// than MaxRejecting.
+func (s *Syncer) Rejecting() *configv1.Rejecting {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.rejecting == nil {
+		return nil
+	}
+	r := proto.Clone(s.rejecting).(*configv1.Rejecting)
+	r.PastBound = time.Since(r.GetSince().AsTime()) > s.cfg.MaxRejecting
+	return r
+}
+
+// RejectingFor is how long the Syncer has been refusing its region's
+// current snapshot (0 when it is not).
+func (s *Syncer) RejectingFor() time.Duration {
+	if r := s.Rejecting(); r != nil {
+		return time.Since(r.GetSince().AsTime())
+	}
+	return 0
+}
+
+// RejectingPastBound reports whether the Syncer has been refusing its
+// region's current snapshot for longer than MaxRejecting: it runs an
+// older configuration than the control plane publishes, and says so
+// (health "rejecting", /readyz failing).
+func (s *Syncer) RejectingPastBound() bool {
+	r := s.Rejecting()
+	return r != nil && r.GetPastBound()
+}
+
+// MaxRejecting is the bound of RejectingPastBound.
+func (s *Syncer) MaxRejecting() time.Duration { return s.cfg.MaxRejecting }
+
+// RejectingSummary describes r in one line: "version N < running M" for
+// the refusal of an older snapshot, else the refused version and why.
+func RejectingSummary(r *configv1.Rejecting) string {
+	if r.GetVersion() != 0 && r.GetVersion() < r.GetRunningVersion() {
+		return fmt.Sprintf("version %d < running %d", r.GetVersion(), r.GetRunningVersion())
+	}
+	return fmt.Sprintf("version %d: %s", r.GetVersion(), r.GetReason())
 }
 
 // Run syncs until ctx is done.
@@ -170,7 +254,13 @@ func (s *Syncer) Run(ctx context.Context) error {
 			break
 		}
 		s.resyncs.Add(1)
-		s.log.Warn("config sync restarting", "error", err)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			// A data plane started before any control plane ran on this
+			// NATS: nothing is wrong yet (not ready, retrying).
+			s.log.Info("waiting for the control plane to create the config buckets", "error", err)
+		} else {
+			s.log.Warn("config sync restarting", "error", err)
+		}
 		if errors.Is(err, errReconnected) {
 			// Catch up at once: ticks already say the config is fresh.
 			backoff = 100 * time.Millisecond
@@ -278,6 +368,7 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 	cur := s.cat.Load()
 	if cur != nil {
 		if ptr.GetVersion() == cur.Version && !ptr.GetRollback() {
+			s.accepted() // the control plane points at what runs here
 			return false, nil
 		}
 		if ptr.GetVersion() < cur.Version && !ptr.GetRollback() {
@@ -310,8 +401,14 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 	}
 	// Catch up to where the running catalog is before swapping, so that a
 	// block applied from the stream is never lifted by an older snapshot,
-	// even for a moment.
-	if cur != nil && cur.RegionSeq > next.RegionSeq {
+	// even for a moment. A newer snapshot that holds every event applied
+	// here (events_seq not below the running one's) needs none: the
+	// events after its position are skipped as held when the consumer
+	// reads them again. That is also what keeps a data plane following
+	// when the stream itself went back (NATS restored from a backup): the
+	// region's events continue after the snapshot's position, not after
+	// this data plane's.
+	if cur != nil && cur.RegionSeq > next.RegionSeq && (ptr.GetRollback() || next.EventsSeq < cur.EventsSeq) {
 		if next, err = s.catchUp(ctx, next, cur.RegionSeq); err != nil {
 			return false, err
 		}
@@ -319,11 +416,18 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 	if cur == nil && s.cfg.BeforeFirst != nil {
 		s.cfg.BeforeFirst(next)
 	}
+	if cur != nil {
+		// Orgs and deployments whose creation this data plane learns from
+		// the snapshot rather than an event (after a gap, or the first
+		// snapshot of a distribution epoch).
+		s.snapshotCreated(cur, next)
+	}
 	s.writeMu.Lock()
 	s.gen++
 	s.cat.Store(next)
 	s.writeMu.Unlock()
 	s.snapshotsApplied.Add(1)
+	s.accepted()
 	s.log.Info("snapshot applied", "version", next.Version, "events_seq", next.EventsSeq, "region_seq", next.RegionSeq,
 		"rollback", ptr.GetRollback(), "size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
 	return true, nil
@@ -400,6 +504,28 @@ func (s *Syncer) created(prev *catalog.Catalog, ev *configv1.Event) {
 	}
 }
 
+// snapshotCreated reports to Config.OnCreate the orgs and deployments of
+// next that cur lacks.
+func (s *Syncer) snapshotCreated(cur, next *catalog.Catalog) {
+	if s.cfg.OnCreate == nil {
+		return
+	}
+	var orgs, deps []string
+	for _, id := range next.OrgIDs() {
+		if !cur.HasOrg(id) {
+			orgs = append(orgs, id)
+		}
+	}
+	for _, d := range next.AllDeployments() {
+		if !cur.HasDeployment(d.GetId()) {
+			deps = append(deps, d.GetId())
+		}
+	}
+	if len(orgs)+len(deps) > 0 {
+		s.cfg.OnCreate(orgs, deps)
+	}
+}
+
 // consume applies the region's events from start on, for generation gen.
 func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 	cons, err := s.js.OrderedConsumer(ctx, wire.EventStream(s.cfg.Region), jetstream.OrderedConsumerConfig{
@@ -470,8 +596,24 @@ func (s *Syncer) health() string {
 		return "starting"
 	case s.Stale():
 		return "stale"
+	case s.RejectingPastBound():
+		return "rejecting"
 	}
 	return "ok"
+}
+
+// logPastBound logs, once per run of refusals, that it has outlasted the
+// bound.
+func (s *Syncer) logPastBound(r *configv1.Rejecting) {
+	s.mu.Lock()
+	first := !s.boundLogged && s.rejecting != nil
+	s.boundLogged = s.boundLogged || first
+	s.mu.Unlock()
+	if first {
+		s.log.Error("rejecting the control plane's snapshots for longer than the bound; /readyz now fails. "+
+			"The control plane publishes versions this data plane will not run (its database restored or replaced while NATS kept its data?)",
+			"rejecting", RejectingSummary(r), "reason", r.GetReason(), "since", r.GetSince().AsTime(), "max_rejecting", s.cfg.MaxRejecting)
+	}
 }
 
 func (s *Syncer) heartbeatLoop(ctx context.Context) {
@@ -479,12 +621,18 @@ func (s *Syncer) heartbeatLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		hb := &configv1.Heartbeat{InstanceId: s.cfg.InstanceID, Region: s.cfg.Region, Health: s.health(),
-			At: timestamppb.Now(), StalenessSeconds: s.Staleness().Seconds(), Rejected: s.Rejected()}
+			At: timestamppb.Now(), StalenessSeconds: s.Staleness().Seconds(), Rejected: s.Rejected(), Rejecting: s.Rejecting()}
+		if hb.Rejecting.GetPastBound() {
+			s.logPastBound(hb.Rejecting)
+		}
 		if c := s.cat.Load(); c != nil {
 			hb.AppliedVersion, hb.EventsSeq, hb.RegionSeq = c.Version, c.EventsSeq, c.RegionSeq
 		}
 		if s.cfg.InFlight != nil {
 			hb.InFlight = s.cfg.InFlight()
+		}
+		if s.cfg.Ejected != nil {
+			hb.Ejected = s.cfg.Ejected()
 		}
 		if data, err := proto.Marshal(hb); err == nil {
 			_ = s.nc.Publish(wire.HeartbeatSubject(s.cfg.Region, s.cfg.InstanceID), data)

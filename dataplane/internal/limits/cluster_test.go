@@ -78,7 +78,9 @@ func TestCluster(t *testing.T) {
 	addrs := startCluster(t)
 	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	lim, err := New(Config{Client: rdb, KeyPrefix: "sluice:", CallTimeout: time.Second, Quarantine: time.Millisecond})
+	// Budget windows are seeded (seed.lua) on the cluster too.
+	led := &fakeLedger{}
+	lim, err := New(Config{Client: rdb, KeyPrefix: "sluice:", CallTimeout: time.Second, Quarantine: time.Millisecond, Seeds: led.seeds})
 	require.NoError(t, err)
 	ctx := context.Background()
 

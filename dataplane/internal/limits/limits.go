@@ -123,17 +123,9 @@ type Budget struct {
 	CapMicros  int64 // spend ≥ cap rejects; 0 = soft budget only
 	SoftMicros int64 // alert only; 0 = none
 	// Window is "<n>h", "<n>d" or "<n>mo" as validated by the admin API;
-	// see BudgetWindow for the boundaries.
+	// see BudgetWindow for the boundaries. A window whose counter Redis
+	// does not hold is started from the ledger (Config.Seeds, seed.go).
 	Window string
-	// SeedMicros is the durable spend of the window starting at
-	// SeedWindowStart, used only when the Redis counter of the current window
-	// is missing (first use, new window, or Redis lost its state).
-	SeedMicros int64
-	// SeedWindowStart is the Unix second the window of SeedMicros starts at
-	// (BudgetWindow). When it is not the current window the seed is ignored
-	// and the window starts at 0. 0 means "the current window, whatever it is"
-	// (only safe when the seed is 0 or recent).
-	SeedWindowStart int64
 }
 
 // Request is what Admit checks.
@@ -143,6 +135,12 @@ type Request struct {
 	Scopes        []Scope
 	EstTokens     int64 // conservative token estimate (prompt + max output)
 	MaxCostMicros int64 // maximum cost reserved in every budget scope
+	// Report, when set, makes the request sweepable: its record keeps the
+	// report (and the scopes to settle) and the request joins the org's
+	// lease index, so that if its lease expires unsettled (its proxy died)
+	// a sweeper settles it with the last report and hands back its usage
+	// event (Sweep). Renewals update it (RenewReport).
+	Report *Report
 }
 
 // LimitType names the limit that rejected a request.
@@ -178,6 +176,11 @@ type Rejection struct {
 	// Quarantined is set when a parallel-limited scope rejected because the
 	// org's Redis state was recently lost (see docs/limits.md).
 	Quarantined bool
+	// Unseeded is set (with Limit budget) when the scope's budget window is
+	// missing in Redis and could not be seeded from the ledger within
+	// Config.SeedWait (seed.go); Cause says why. Nothing was consumed.
+	Unseeded bool
+	Cause    error
 	// SpendMicros and CapMicros are set for budget rejections.
 	SpendMicros int64
 	CapMicros   int64
@@ -211,6 +214,9 @@ type Decision struct {
 	// Epoch is the org's epoch (ms) seen by the call; it changes when Redis
 	// lost the org's state.
 	Epoch int64
+	// unseeded lists the budget windows admit.lua found missing (the
+	// answer "needs seed"); Admit seeds them and admits again.
+	unseeded []SeedNeed
 }
 
 // Lease is an admitted request's claim on its scopes. It is not safe to
@@ -225,6 +231,13 @@ type Lease struct {
 	reserved  int64
 	needs     bool // false: nothing to renew or settle in Redis (rpm only)
 	settled   atomic.Bool
+	// local are the rate limits admitted from quota slices (slices.go),
+	// reconciled locally once (localDone).
+	local     []sliceTake
+	localTPM  bool
+	localDone atomic.Bool
+	// sweep is set for a request admitted with a Report (lease.go).
+	sweep *sweepState
 }
 
 // OrgID returns the org of the leased request.
@@ -245,12 +258,20 @@ const (
 	// RenewReasserted: Redis had lost the request (state loss); its leases,
 	// token estimate and cost reservation were written again.
 	RenewReasserted
+	// RenewSwept: a sweeper settled the request after its lease expired
+	// (its renewals were late by a whole lease TTL); nothing was done. Its
+	// leases and reservation are gone: the caller should stop the request.
+	RenewSwept
 )
 
 // SettleResult is the outcome of Settle.
 type SettleResult struct {
 	// Applied is false when the request was already settled (a no-op).
 	Applied bool
+	// Swept is set (with Applied false) when a sweeper had settled the
+	// request with its last report after its lease expired: this
+	// settlement changed nothing.
+	Swept bool
 	// WithoutRecord is set when Redis no longer held the admission record
 	// (state loss, or no renewal for Config.RecordTTL): the actual usage
 	// was charged in full to the current windows.
@@ -295,6 +316,15 @@ type Config struct {
 	// AlertThresholds in percent of the cap; nil takes
 	// DefaultAlertThresholds, an empty non-nil slice disables them.
 	AlertThresholds []int64
+	// Seeds answers the ledger's current spend of budget windows Redis
+	// does not hold (seed.go); nil: such scopes admit nothing.
+	Seeds SeedFunc
+	// SeedWait bounds how long one Admit waits for seeds (default
+	// DefaultSeedWait).
+	SeedWait time.Duration
+	// Slices: quota slices of rpm/tpm limits (slices.go); zero: off.
+	// The caller runs Limiter.RunSlices while it admits.
+	Slices SliceConfig
 
 	// rateWindow and rateBucket override the sliding window in tests.
 	rateWindow time.Duration
@@ -303,8 +333,11 @@ type Config struct {
 
 // Limiter enforces limits in Redis. It is safe for concurrent use.
 type Limiter struct {
-	cfg   Config
-	store store
+	cfg     Config
+	store   store
+	flights seedFlights
+	slices  *slicer // nil: slices off
+	keys    keyCache
 }
 
 // New validates cfg, applies defaults and returns a Limiter.
@@ -340,6 +373,7 @@ func New(cfg Config) (*Limiter, error) {
 	def(&cfg.Quarantine, 2*cfg.RenewInterval, "Quarantine")
 	def(&cfg.RecordTTL, DefaultRecordTTL, "RecordTTL")
 	def(&cfg.ParallelRetryMax, DefaultParallelRetryMax, "ParallelRetryMax")
+	def(&cfg.SeedWait, DefaultSeedWait, "SeedWait")
 	def(&cfg.rateWindow, DefaultRateWindow, "rate window")
 	def(&cfg.rateBucket, DefaultRateBucket, "rate bucket")
 	if cfg.RenewInterval >= cfg.LeaseTTL {
@@ -360,6 +394,13 @@ func New(cfg Config) (*Limiter, error) {
 		return nil, err
 	}
 	l := &Limiter{cfg: cfg}
+	if cfg.Slices.Enabled {
+		if cfg.Slices.MinRPM < 0 || cfg.Slices.MinTPM < 0 || cfg.Slices.Reserve < 0 || cfg.Slices.Reserve >= 1000 ||
+			cfg.Slices.Share < 0 || cfg.Slices.Tick < 0 || cfg.Slices.Idle < 0 {
+			return nil, fmt.Errorf("limits: slice settings out of range: %+v", cfg.Slices)
+		}
+		l.slices = newSlicer(l, cfg.Slices)
+	}
 	if cfg.Pipe != nil {
 		l.store = pipeStore{c: cfg.Pipe}
 	} else {
@@ -399,7 +440,11 @@ func (l *Limiter) LeaseTTL() time.Duration { return l.cfg.LeaseTTL }
 
 // Needs reports whether the lease holds anything in Redis to renew or
 // settle (false for requests limited by rpm only).
-func (l *Lease) Needs() bool { return l.needs }
+func (l *Lease) Needs() bool { return l.needs || l.localTPM }
+
+// Local reports whether any of the request's limits were admitted from
+// quota slices (no Redis call for them).
+func (l *Lease) Local() bool { return len(l.local) > 0 }
 
 // validate checks req before any Redis call.
 func validate(req *Request) ([]budget.Unit, error) {
@@ -426,7 +471,7 @@ func validate(req *Request) ([]budget.Unit, error) {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("scope %s %s: %w", s.Kind, s.ID, err))
 			}
-			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 || s.Budget.SeedMicros < 0 {
+			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 {
 				errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
 			}
 			units[i] = u
@@ -446,14 +491,60 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 // error or timeout returns ErrUnavailable; the caller then fails closed,
 // and should Settle the returned Decision's Lease with zero usage when the
 // call may have reached Redis (see MayHaveRun), so a late execution
-// consumes nothing for long.
+// consumes nothing for long. A budget window Redis does not hold is first
+// seeded from the ledger (seed.go): then Admit takes a few round trips
+// more, or rejects with Rejection.Unseeded.
 func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	units, err := validate(&req)
 	if err != nil {
 		return Decision{}, err
 	}
-	kb := newKeyBuilder(l.cfg.KeyPrefix, req.OrgID)
-	keys := kb.callKeys(req.RequestID, req.Scopes)
+	if l.slices == nil {
+		return l.admitExact(ctx, req, units)
+	}
+	takes, rest, hdr := l.slices.take(&req)
+	if len(takes) == 0 {
+		return l.admitExact(ctx, req, units)
+	}
+	lease := &Lease{orgID: req.OrgID, requestID: req.RequestID, est: req.EstTokens, reserved: req.MaxCostMicros, local: takes}
+	for _, tk := range takes {
+		lease.localTPM = lease.localTPM || tk.hasTPM
+	}
+	if len(rest) == 0 {
+		// Every limit fitted its slices: no round trip.
+		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
+	}
+	// The rest (budgets, concurrency, scopes without slices) is admitted
+	// exactly; the local part is undone unless it admits.
+	sub := req
+	sub.Scopes = rest
+	if units, err = validate(&sub); err != nil {
+		l.slices.rollback(takes)
+		return Decision{}, err
+	}
+	d, err := l.admitExact(ctx, sub, units)
+	if err != nil || !d.Allowed {
+		l.slices.rollback(takes)
+		return d, err
+	}
+	d.Lease.local, d.Lease.localTPM = takes, lease.localTPM
+	d.Headers = mergeHeaders(d.Headers, hdr)
+	return d, nil
+}
+
+// admitExact admits req in Redis (admit.lua), seeding missing budget
+// windows first.
+func (l *Limiter) admitExact(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
+	d, err := l.admitOnce(ctx, req, units)
+	if err != nil || d.unseeded == nil {
+		return d, err
+	}
+	return l.admitSeeded(ctx, req, units, d)
+}
+
+// admitOnce is one call of admit.lua.
+func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
+	keys := l.callKeys(req.OrgID, req.RequestID, req.Scopes)
 	lease := &Lease{
 		orgID: req.OrgID, requestID: req.RequestID, keys: keys,
 		scopes: append([]Scope(nil), req.Scopes...), est: req.EstTokens, reserved: req.MaxCostMicros,
@@ -462,6 +553,9 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		if s.Budget != nil || s.TPM > 0 || s.MaxParallel > 0 {
 			lease.needs = true
 		}
+	}
+	if lease.needs && req.Report != nil {
+		lease.sweep = newSweepState(lease.scopes, *req.Report)
 	}
 	args := newArgv()
 	defer args.release()
@@ -484,16 +578,13 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 			args.int(s.Budget.CapMicros)
 			args.str(units[i].Unit)
 			args.int(units[i].N)
-			args.int(s.Budget.SeedMicros)
-			args.int(s.Budget.SeedWindowStart)
 		} else {
 			args.int(0)
 			args.str("-")
 			args.int(0)
-			args.int(0)
-			args.int(0)
 		}
 	}
+	lease.sweep.appendNote(args)
 	vals, err := l.run(ctx, admitScript, "admit", keys, args)
 	if err != nil {
 		// The call may still run in Redis after its deadline (a frozen or
@@ -508,6 +599,9 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 // toDecision maps the result of admit.lua (see its header) to a Decision.
 // It is the one place script results become typed decisions.
 func toDecision(v []int64, scopes []Scope, lease *Lease) (Decision, error) {
+	if len(v) > 15 && v[0] == 2 {
+		return unseededDecision(v, scopes)
+	}
 	if len(v) != 15 {
 		return Decision{}, fmt.Errorf("%w: admit returned %d values", ErrUnavailable, len(v))
 	}
@@ -584,11 +678,13 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 		args.bool(s.MaxParallel > 0)
 		budgetArgs(args, s.Budget, false)
 	}
+	args.bool(lease.sweep != nil)
+	lease.sweep.appendNote(args)
 	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
 	if err != nil {
 		return 0, err
 	}
-	if len(vals) != 2 || vals[0] < 0 || vals[0] > 2 {
+	if len(vals) != 2 || vals[0] < 0 || vals[0] > 3 {
 		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
 	}
 	return RenewState(vals[0]), nil
@@ -638,10 +734,13 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	var groups [][]int
 	byOrg := map[string]int{}
 	for i, it := range items {
+		if it.Lease.local != nil && l.slices != nil && it.Lease.localDone.CompareAndSwap(false, true) {
+			l.slices.settle(it.Lease.local, it.Tokens, it.Cancel)
+		}
 		switch {
 		case it.Lease.settled.Load():
 			continue
-		case !it.Lease.needs && !it.Cancel:
+		case !it.Lease.needs && (!it.Cancel || it.Lease.keys == nil):
 			it.Lease.settled.Store(true)
 			res[i] = SettleResult{Applied: true}
 			continue
@@ -660,7 +759,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	calls := make([]scriptCall, len(groups))
 	n := 0
 	for g, idx := range groups {
-		calls[g] = l.settleCall(items, idx)
+		calls[g] = l.settleCall(items, idx, false)
 		n += len(idx)
 	}
 	// Settlements are off the request path: a batch gets one call timeout
@@ -690,14 +789,18 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 }
 
 // settleCall builds the settle.lua call of items[idx] (one org): their
-// records, then each distinct scope's keys once.
-func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
+// records, then each distinct scope's keys once, then the org's lease
+// index when a request of the batch is in it (always when sweeping).
+func (l *Limiter) settleCall(items []SettleItem, idx []int, sweep bool) scriptCall {
 	th := l.cfg.AlertThresholds
 	first := items[idx[0]].Lease
-	keys := make([]string, 0, 1+len(idx)+2*len(first.scopes))
-	keys = append(keys, newKeyBuilder(l.cfg.KeyPrefix, first.orgID).epoch())
+	kb := newKeyBuilder(l.cfg.KeyPrefix, first.orgID)
+	keys := make([]string, 0, 2+len(idx)+2*len(first.scopes))
+	keys = append(keys, kb.epoch())
+	indexed := sweep
 	for _, i := range idx {
 		keys = append(keys, items[i].Lease.keys[1])
+		indexed = indexed || items[i].Lease.sweep != nil
 	}
 	args := newArgv()
 	args.int(ms(l.cfg.rateWindow))
@@ -705,6 +808,8 @@ func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
 	args.int(ms(tombstoneTTL))
 	args.int(int64(len(idx)))
 	args.int(int64(len(th)))
+	args.bool(sweep)
+	args.bool(indexed)
 	for _, p := range th {
 		args.int(p)
 	}
@@ -731,6 +836,9 @@ func (l *Limiter) settleCall(items []SettleItem, idx []int) scriptCall {
 			budgetArgs(args, sc.Budget, true)
 		}
 	}
+	if indexed {
+		keys = append(keys, kb.leaseIndex())
+	}
 	return scriptCall{keys: keys, args: args}
 }
 
@@ -744,10 +852,10 @@ func settleResults(items []SettleItem, idx []int, vals []int64) ([]SettleResult,
 		}
 		state, na := vals[j], vals[j+1]
 		j += 2
-		if state < 0 || state > 2 || na < 0 || j+3*int(na) > len(vals) {
+		if state < 0 || state > 3 || na < 0 || j+3*int(na) > len(vals) {
 			return nil, fmt.Errorf("settle returned state %d with %d alerts", state, na)
 		}
-		res := SettleResult{Applied: state != 0, WithoutRecord: state == 2}
+		res := SettleResult{Applied: state == 1 || state == 2, WithoutRecord: state == 2, Swept: state == 3}
 		lease := items[i].Lease
 		for ; na > 0; na-- {
 			si := vals[j] - 1
@@ -781,8 +889,8 @@ func int64s(raw []any) ([]int64, error) {
 	return out, nil
 }
 
-// budgetArgs appends a scope's budget ARGV for renew.lua (unit, n, seed,
-// seed start) or settle.lua (unit, n, cap, soft, seed, seed start).
+// budgetArgs appends a scope's budget ARGV for renew.lua (unit, n) or
+// settle.lua (unit, n, cap, soft).
 func budgetArgs(a *argv, b *Budget, withCaps bool) {
 	if b == nil {
 		a.str("-")
@@ -791,8 +899,6 @@ func budgetArgs(a *argv, b *Budget, withCaps bool) {
 			a.int(0)
 			a.int(0)
 		}
-		a.int(0)
-		a.int(0)
 		return
 	}
 	u, _ := budget.ParseWindow(b.Window) // validated by Admit
@@ -802,8 +908,6 @@ func budgetArgs(a *argv, b *Budget, withCaps bool) {
 		a.int(b.CapMicros)
 		a.int(b.SoftMicros)
 	}
-	a.int(b.SeedMicros)
-	a.int(b.SeedWindowStart)
 }
 
 // run runs a script under the per-call timeout and returns its integer

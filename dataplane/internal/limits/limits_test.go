@@ -31,6 +31,8 @@ type bundle struct {
 	lim    *Limiter
 	prefix string
 	org    string
+	// ledger answers the limiter's seed requests (Config.Seeds).
+	ledger *fakeLedger
 }
 
 func randHex(t testing.TB) string {
@@ -51,7 +53,8 @@ func setup(t testing.TB, mod func(*Config)) *bundle {
 	require.NoError(t, rdb.Ping(context.Background()).Err(), "the limits tests need Redis at %s", redisAddr)
 	prefix := "sluice-test-" + randHex(t) + ":"
 	t.Cleanup(func() { deleteKeys(t, rdb, prefix) })
-	cfg := Config{KeyPrefix: prefix, CallTimeout: time.Second}
+	led := &fakeLedger{}
+	cfg := Config{KeyPrefix: prefix, CallTimeout: time.Second, Seeds: led.seeds}
 	if strings.Contains(t.Name(), "/goredis/") {
 		// TestGoRedisStore: the same test through go-redis (the store of
 		// Redis Cluster).
@@ -67,7 +70,7 @@ func setup(t testing.TB, mod func(*Config)) *bundle {
 	}
 	lim, err := New(cfg)
 	require.NoError(t, err)
-	b := &bundle{rdb: rdb, lim: lim, prefix: prefix, org: "org-" + randHex(t)}
+	b := &bundle{rdb: rdb, lim: lim, prefix: prefix, org: "org-" + randHex(t), ledger: led}
 	b.primeEpoch(t, b.org)
 	return b
 }
@@ -150,7 +153,8 @@ func TestAdmitAllOrNothing(t *testing.T) {
 	b := setup(t, nil)
 	key := Scope{Kind: KindKey, ID: "k1", RPM: 10, TPM: 1000, MaxParallel: 5, Budget: &Budget{CapMicros: 1_000_000, Window: "1d"}}
 	team := Scope{Kind: KindTeam, ID: "t1", RPM: 1}
-	user := Scope{Kind: KindUser, ID: "u1", Budget: &Budget{CapMicros: 100, Window: "1mo", SeedMicros: 100}}
+	user := Scope{Kind: KindUser, ID: "u1", Budget: &Budget{CapMicros: 100, Window: "1mo"}}
+	b.ledger.set(KindUser, "u1", 100)
 
 	d := b.admit(t, b.req("r1", 100, 50, key, team))
 	require.True(t, d.Allowed)
@@ -370,17 +374,12 @@ func TestBudgetReserveReconcile(t *testing.T) {
 	require.Empty(t, res.Alerts, "thresholds fire once per window")
 	require.Equal(t, int64(200), b.state(t, s).Spend)
 
-	// A cold counter starts from the durable spend of its window only.
-	start, _, err := BudgetWindow("1mo", time.Now())
-	require.NoError(t, err)
-	seeded := Scope{Kind: KindOrg, ID: "o", Budget: &Budget{CapMicros: 1000, Window: "1mo", SeedMicros: 950, SeedWindowStart: start.Unix()}}
+	// A cold counter starts from the ledger's spend of its window.
+	b.ledger.set(KindOrg, "o", 950)
+	seeded := Scope{Kind: KindOrg, ID: "o", Budget: &Budget{CapMicros: 1000, Window: "1mo"}}
 	d = b.admit(t, b.req("r4", 0, 10, seeded))
 	require.True(t, d.Allowed)
 	require.Equal(t, int64(960), b.state(t, seeded).Spend)
-	stale := Scope{Kind: KindTeam, ID: "t", Budget: &Budget{CapMicros: 1000, Window: "1mo", SeedMicros: 950, SeedWindowStart: start.Unix() - 86400}}
-	d = b.admit(t, b.req("r5", 0, 10, stale))
-	require.True(t, d.Allowed)
-	require.Equal(t, int64(10), b.state(t, stale).Spend, "a seed of another window is ignored")
 }
 
 func TestBudgetConcurrentNeverOvershoots(t *testing.T) {
@@ -512,7 +511,9 @@ func TestTimeoutIsUnavailable(t *testing.T) {
 	require.ErrorContains(t, err, "exactly one of Pipe and Client")
 
 	// A client that ignores context deadlines is refused up front.
-	_, err = New(Config{Client: redis.NewClient(&redis.Options{Addr: redisAddr})})
+	plain := redis.NewClient(&redis.Options{Addr: redisAddr})
+	t.Cleanup(func() { _ = plain.Close() })
+	_, err = New(Config{Client: plain})
 	require.ErrorContains(t, err, "ContextTimeoutEnabled")
 }
 
@@ -524,9 +525,8 @@ func TestEpochQuarantineAfterStateLoss(t *testing.T) {
 	})
 	ctx := context.Background()
 	b.org = "fresh-" + randHex(t) // no epoch yet: as after a restart
-	start, _, err := BudgetWindow("1d", time.Now())
-	require.NoError(t, err)
-	par := Scope{Kind: KindTeam, ID: "t", MaxParallel: 1, Budget: &Budget{CapMicros: 1_000_000, Window: "1d", SeedMicros: 5000, SeedWindowStart: start.Unix()}}
+	b.ledger.set(KindTeam, "t", 5000)
+	par := Scope{Kind: KindTeam, ID: "t", MaxParallel: 1, Budget: &Budget{CapMicros: 1_000_000, Window: "1d"}}
 	rpmOnly := Scope{Kind: KindKey, ID: "k", RPM: 100}
 
 	d := b.admit(t, b.req("q", 0, 100, par))
@@ -543,7 +543,9 @@ func TestEpochQuarantineAfterStateLoss(t *testing.T) {
 	require.Equal(t, int64(5100), b.state(t, par).Spend, "seeded then reserved")
 
 	// Redis loses everything. The next admission starts a new epoch and a
-	// quarantine; the live request re-asserts its lease and reservation.
+	// quarantine; the live request re-asserts its lease, and its
+	// reservation waits for the budget window's seed (none is started
+	// from anything but the ledger).
 	deleteKeys(t, b.rdb, b.prefix)
 	d = b.admit(t, b.req("b", 0, 100, par))
 	require.False(t, d.Allowed)
@@ -552,19 +554,25 @@ func TestEpochQuarantineAfterStateLoss(t *testing.T) {
 	st, err := b.lim.Renew(ctx, a.Lease)
 	require.NoError(t, err)
 	require.Equal(t, RenewReasserted, st)
-	require.Equal(t, scopeState{Leases: 1, Spend: 5100}, b.state(t, par), "re-seeded, not reset to zero")
+	require.Equal(t, scopeState{Leases: 1}, b.state(t, par), "no budget window without a seed")
+	require.Equal(t, map[string]string{"bp": "100", "bpw": b.windowID(t, "1d")}, b.budgetFields(t, par))
 
 	time.Sleep(quarantine)
 	d = b.admit(t, b.req("b", 0, 100, par))
 	require.False(t, d.Allowed, "the re-asserted lease holds the only slot")
 	require.False(t, d.Rejection.Quarantined)
 
+	// The request ends before any seed: its cost goes to the ledger
+	// (5000 + 40) and its reservation stops waiting.
 	res, err := b.lim.Settle(ctx, a.Lease, 0, 40)
 	require.NoError(t, err)
 	require.True(t, res.Applied)
 	require.False(t, res.WithoutRecord)
-	require.Equal(t, scopeState{Spend: 5040}, b.state(t, par))
+	require.Equal(t, scopeState{}, b.state(t, par))
+	require.Empty(t, b.budgetFields(t, par))
+	b.ledger.set(KindTeam, "t", 5040)
 	require.True(t, b.admit(t, b.req("b", 0, 100, par)).Allowed)
+	require.Equal(t, scopeState{Leases: 1, Spend: 5140}, b.state(t, par), "re-seeded from the ledger, not reset to zero")
 }
 
 func TestBootstrapSkipsQuarantineOnlyForNewOrgs(t *testing.T) {
@@ -600,7 +608,10 @@ func TestSettleWithoutRecordChargesActual(t *testing.T) {
 	res, err := b.lim.Settle(ctx, d.Lease, 70, 120)
 	require.NoError(t, err)
 	require.Equal(t, SettleResult{Applied: true, WithoutRecord: true}, res)
-	require.Equal(t, scopeState{Tokens: 70, Spend: 120}, b.state(t, s))
+	// The budget window is not started by a settlement: the ledger has the
+	// request's cost, and the next admission's seed counts it.
+	require.Equal(t, scopeState{Tokens: 70}, b.state(t, s))
+	require.Empty(t, b.budgetFields(t, s))
 }
 
 func TestInvalidRequests(t *testing.T) {

@@ -19,9 +19,36 @@ import (
 // under steady traffic, within the warm-up.
 //
 //	go test -run '^$' -bench BenchmarkScripts -benchtime 5000x ./dataplane/internal/limits/
-func BenchmarkScripts(b *testing.B) {
-	bd := setup(b, func(c *Config) { c.rateWindow, c.rateBucket = 600*time.Millisecond, 10*time.Millisecond })
+func BenchmarkScripts(b *testing.B) { benchScripts(b, nil) }
+
+// BenchmarkScriptsSlices is BenchmarkScripts with quota slices on (the
+// slice worker running): rpm and tpm come from slices, so the admission
+// checks only the budgets and leases, and the worker's carve.lua calls
+// (counted too: they are EVALSHA) are shared by every request.
+//
+//	go test -run '^$' -bench BenchmarkScriptsSlices -benchtime 5000x ./dataplane/internal/limits/
+func BenchmarkScriptsSlices(b *testing.B) { benchScriptsWith(b, nil, true) }
+
+// benchScripts runs BenchmarkScripts; with rep, every request is admitted
+// sweepable, with that report (BenchmarkScriptsSweepable,
+// sweep_bench_test.go).
+func benchScripts(b *testing.B, rep *Report) { benchScriptsWith(b, rep, false) }
+
+func benchScriptsWith(b *testing.B, rep *Report, sliced bool) {
+	bd := setup(b, func(c *Config) {
+		c.rateWindow, c.rateBucket = 600*time.Millisecond, 10*time.Millisecond
+		// A tick of a tenth of the (scaled-down) bucket, as 50 ms is of 1 s
+		// by default; sequential requests here come at a rate far below a
+		// loaded data plane's, so the worker's calls weigh more per request.
+		c.Slices = SliceConfig{Enabled: sliced, Tick: time.Millisecond}
+	})
 	ctx := context.Background()
+	if sliced {
+		wctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = bd.lim.RunSlices(wctx) }()
+		defer func() { stop(); <-done }()
+	}
 	bud := func() *Budget { return &Budget{CapMicros: 1e12, Window: "30d"} }
 	scopes := []Scope{
 		{Kind: KindKey, ID: "k", RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
@@ -50,21 +77,24 @@ func BenchmarkScripts(b *testing.B) {
 		return calls, usec
 	}
 	// Warm up: scripts loaded, windows full.
-	for i := 0; time.Since(start) < time.Second; i++ {
-		d := bd.admit(b, bd.req(fmt.Sprint("w", i), 100, 1000, scopes...))
-		_, err := bd.lim.Settle(ctx, d.Lease, 90, 900)
-		require.NoError(b, err)
-	}
-	c0, u0 := usec()
-	b.ResetTimer()
-	for i := range b.N {
-		d := bd.admit(b, bd.req(fmt.Sprint("r", i), 100, 1000, scopes...))
+	one := func(id string) {
+		req := bd.req(id, 100, 1000, scopes...)
+		req.Report = rep
+		d := bd.admit(b, req)
 		if !d.Allowed {
 			b.Fatalf("rejected: %+v", d.Rejection)
 		}
 		if _, err := bd.lim.Settle(ctx, d.Lease, 90, 900); err != nil {
 			b.Fatal(err)
 		}
+	}
+	for i := 0; time.Since(start) < time.Second; i++ {
+		one(fmt.Sprint("w", i))
+	}
+	c0, u0 := usec()
+	b.ResetTimer()
+	for i := range b.N {
+		one(fmt.Sprint("r", i))
 	}
 	b.StopTimer()
 	c1, u1 := usec()

@@ -15,8 +15,14 @@ var (
 	renewLua string
 	//go:embed lua/settle.lua
 	settleLua string
+	//go:embed lua/seed.lua
+	seedLua string
+	//go:embed lua/carve.lua
+	carveLua string
 
 	admitScript  = newScript(commonLua + "\n" + admitLua)
 	renewScript  = newScript(commonLua + "\n" + renewLua)
 	settleScript = newScript(commonLua + "\n" + settleLua)
+	seedScript   = newScript(commonLua + "\n" + seedLua)
+	carveScript  = newScript(commonLua + "\n" + carveLua)
 )

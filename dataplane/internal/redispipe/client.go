@@ -564,7 +564,7 @@ func (cn *conn) readLoop() {
 	for {
 		v, err := readValue(cn.br, 0)
 		if err != nil {
-			if _, ok := err.(Error); !ok {
+			if _, ok := err.(Error); !ok { //nolint:errorlint // readValue returns Error itself, never wrapped
 				cn.fail(&ConnError{Err: err})
 				return
 			}

@@ -362,7 +362,13 @@ func TestShortSilenceKeepsConnection(t *testing.T) {
 // failed).
 func TestSlowServerKeepsConnection(t *testing.T) {
 	f := startFake(t, func(n int64, cmd []string) string {
-		time.Sleep(30 * time.Millisecond)
+		// The second call's answer comes well after its 45 ms deadline
+		// however the goroutines are scheduled on a loaded machine.
+		if cmd[1] == "2" {
+			time.Sleep(300 * time.Millisecond)
+		} else {
+			time.Sleep(30 * time.Millisecond)
+		}
 		return ":" + cmd[1] + "\r\n"
 	})
 	c := newClient(t, Options{Addr: f.l.Addr().String()})

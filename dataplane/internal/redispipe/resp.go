@@ -129,7 +129,7 @@ func readValue(r *bufio.Reader, depth int) (Value, error) {
 		arr := make([]Value, n)
 		for i := range arr {
 			v, err := readValue(r, depth+1)
-			if re, ok := err.(Error); ok {
+			if re, ok := err.(Error); ok { //nolint:errorlint // readValue returns Error itself, never wrapped
 				// An error inside an array (e.g. EXEC): keep reading so the
 				// stream stays in sync, and report the first one.
 				arr[i] = Value{Kind: '-', Str: string(re)}

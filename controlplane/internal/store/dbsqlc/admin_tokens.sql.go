@@ -8,7 +8,96 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
+
+const adminTokenChainByHash = `-- name: AdminTokenChainByHash :many
+WITH RECURSIVE chain (id, name, scope, org_id, team_id, role, display_prefix, last4, expires_at,
+                      revoked_at, created_by, created_at, via_previous, previous_valid_until, depth) AS (
+    SELECT t.id, t.name, t.scope, t.org_id, t.team_id, t.role, t.display_prefix, t.last4, t.expires_at,
+           t.revoked_at, t.created_by, t.created_at, t.token_hash <> $1, t.previous_valid_until, 0
+    FROM admin_tokens t WHERE t.token_hash = $1 OR t.previous_hash = $1
+  UNION ALL
+    SELECT p.id, p.name, p.scope, p.org_id, p.team_id, p.role, p.display_prefix, p.last4, p.expires_at,
+           p.revoked_at, p.created_by, p.created_at, false, p.previous_valid_until, c.depth + 1
+    FROM admin_tokens p JOIN chain c ON p.id = c.created_by
+    WHERE c.depth < 64
+)
+SELECT id, name, scope, org_id, team_id, role, display_prefix, last4, expires_at, revoked_at, created_by,
+       created_at, via_previous::boolean AS via_previous, previous_valid_until, depth::integer AS depth
+FROM chain ORDER BY depth
+`
+
+type AdminTokenChainByHashRow struct {
+	ID                 string
+	Name               string
+	Scope              string
+	OrgID              *string
+	TeamID             *string
+	Role               string
+	DisplayPrefix      string
+	Last4              string
+	ExpiresAt          *time.Time
+	RevokedAt          *time.Time
+	CreatedBy          string
+	CreatedAt          time.Time
+	ViaPrevious        bool
+	PreviousValidUntil *time.Time
+	Depth              int32
+}
+
+// The token with this hash followed by its issuers (created_by), nearest
+// first, so authentication can require every one of them to be live. The
+// walk stops at the bootstrap token (created_by 'bootstrap', no row), at
+// a missing issuer, or after 64 steps.
+// The first row matches the current hash or, after a rotation with grace,
+// the previous one (via_previous, with previous_valid_until for the
+// caller to check against its clock).
+func (q *Queries) AdminTokenChainByHash(ctx context.Context, db DBTX, tokenHash []byte) ([]AdminTokenChainByHashRow, error) {
+	rows, err := db.Query(ctx, adminTokenChainByHash, tokenHash)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminTokenChainByHashRow{}
+	for rows.Next() {
+		var i AdminTokenChainByHashRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.Scope,
+			&i.OrgID,
+			&i.TeamID,
+			&i.Role,
+			&i.DisplayPrefix,
+			&i.Last4,
+			&i.ExpiresAt,
+			&i.RevokedAt,
+			&i.CreatedBy,
+			&i.CreatedAt,
+			&i.ViaPrevious,
+			&i.PreviousValidUntil,
+			&i.Depth,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminTokenDelete = `-- name: AdminTokenDelete :exec
+DELETE FROM admin_tokens WHERE id = $1
+`
+
+func (q *Queries) AdminTokenDelete(ctx context.Context, db DBTX, id string) error {
+	_, err := db.Exec(ctx, adminTokenDelete, id)
+	return err
+}
 
 const adminTokenDeleteRevokedForOrg = `-- name: AdminTokenDeleteRevokedForOrg :exec
 DELETE FROM admin_tokens WHERE org_id = $1 AND revoked_at IS NOT NULL
@@ -29,7 +118,7 @@ func (q *Queries) AdminTokenDeleteRevokedForTeam(ctx context.Context, db DBTX, t
 }
 
 const adminTokenGetByHash = `-- name: AdminTokenGetByHash :one
-SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at FROM admin_tokens WHERE token_hash = $1
+SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at, previous_hash, previous_pepper_version, previous_valid_until, rotated_at FROM admin_tokens WHERE token_hash = $1
 `
 
 func (q *Queries) AdminTokenGetByHash(ctx context.Context, db DBTX, tokenHash []byte) (AdminToken, error) {
@@ -50,12 +139,16 @@ func (q *Queries) AdminTokenGetByHash(ctx context.Context, db DBTX, tokenHash []
 		&i.RevokedAt,
 		&i.CreatedBy,
 		&i.CreatedAt,
+		&i.PreviousHash,
+		&i.PreviousPepperVersion,
+		&i.PreviousValidUntil,
+		&i.RotatedAt,
 	)
 	return i, err
 }
 
 const adminTokenGetForUpdate = `-- name: AdminTokenGetForUpdate :one
-SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at FROM admin_tokens
+SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at, previous_hash, previous_pepper_version, previous_valid_until, rotated_at FROM admin_tokens
 WHERE id = $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR team_id = $3)
@@ -86,7 +179,27 @@ func (q *Queries) AdminTokenGetForUpdate(ctx context.Context, db DBTX, arg Admin
 		&i.RevokedAt,
 		&i.CreatedBy,
 		&i.CreatedAt,
+		&i.PreviousHash,
+		&i.PreviousPepperVersion,
+		&i.PreviousValidUntil,
+		&i.RotatedAt,
 	)
+	return i, err
+}
+
+const adminTokenGetHash = `-- name: AdminTokenGetHash :one
+SELECT token_hash, pepper_version FROM admin_tokens WHERE id = $1
+`
+
+type AdminTokenGetHashRow struct {
+	TokenHash     []byte
+	PepperVersion int32
+}
+
+func (q *Queries) AdminTokenGetHash(ctx context.Context, db DBTX, id string) (AdminTokenGetHashRow, error) {
+	row := db.QueryRow(ctx, adminTokenGetHash, id)
+	var i AdminTokenGetHashRow
+	err := row.Scan(&i.TokenHash, &i.PepperVersion)
 	return i, err
 }
 
@@ -133,7 +246,7 @@ func (q *Queries) AdminTokenInsert(ctx context.Context, db DBTX, arg AdminTokenI
 }
 
 const adminTokenList = `-- name: AdminTokenList :many
-SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at FROM admin_tokens
+SELECT id, name, token_hash, pepper_version, display_prefix, last4, scope, org_id, team_id, role, expires_at, revoked_at, created_by, created_at, previous_hash, previous_pepper_version, previous_valid_until, rotated_at FROM admin_tokens
 WHERE id > $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR team_id = $3)
@@ -180,6 +293,10 @@ func (q *Queries) AdminTokenList(ctx context.Context, db DBTX, arg AdminTokenLis
 			&i.RevokedAt,
 			&i.CreatedBy,
 			&i.CreatedAt,
+			&i.PreviousHash,
+			&i.PreviousPepperVersion,
+			&i.PreviousValidUntil,
+			&i.RotatedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -202,5 +319,53 @@ type AdminTokenRevokeParams struct {
 
 func (q *Queries) AdminTokenRevoke(ctx context.Context, db DBTX, arg AdminTokenRevokeParams) error {
 	_, err := db.Exec(ctx, adminTokenRevoke, arg.RevokedAt, arg.ID)
+	return err
+}
+
+const adminTokenRotate = `-- name: AdminTokenRotate :exec
+UPDATE admin_tokens SET previous_hash = $1, previous_pepper_version = $2,
+    previous_valid_until = $3, token_hash = $4, pepper_version = $5,
+    display_prefix = $6, last4 = $7, rotated_at = $8
+WHERE id = $9
+`
+
+type AdminTokenRotateParams struct {
+	PreviousHash          []byte
+	PreviousPepperVersion pgtype.Int4
+	PreviousValidUntil    *time.Time
+	TokenHash             []byte
+	PepperVersion         int32
+	DisplayPrefix         string
+	Last4                 string
+	RotatedAt             *time.Time
+	ID                    string
+}
+
+func (q *Queries) AdminTokenRotate(ctx context.Context, db DBTX, arg AdminTokenRotateParams) error {
+	_, err := db.Exec(ctx, adminTokenRotate,
+		arg.PreviousHash,
+		arg.PreviousPepperVersion,
+		arg.PreviousValidUntil,
+		arg.TokenHash,
+		arg.PepperVersion,
+		arg.DisplayPrefix,
+		arg.Last4,
+		arg.RotatedAt,
+		arg.ID,
+	)
+	return err
+}
+
+const adminTokenSetExpiry = `-- name: AdminTokenSetExpiry :exec
+UPDATE admin_tokens SET expires_at = $1 WHERE id = $2
+`
+
+type AdminTokenSetExpiryParams struct {
+	ExpiresAt *time.Time
+	ID        string
+}
+
+func (q *Queries) AdminTokenSetExpiry(ctx context.Context, db DBTX, arg AdminTokenSetExpiryParams) error {
+	_, err := db.Exec(ctx, adminTokenSetExpiry, arg.ExpiresAt, arg.ID)
 	return err
 }

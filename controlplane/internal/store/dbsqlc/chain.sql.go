@@ -196,6 +196,76 @@ func (q *Queries) AuditScan(ctx context.Context, db DBTX, arg AuditScanParams) (
 	return items, nil
 }
 
+const auditScanTenant = `-- name: AuditScanTenant :many
+SELECT a.seq, a.at, a.actor, a.token_id, a.action, a.object_type, a.object_id, a.org_id, a.team_id, a.request_id, a.before_json, a.after_json, a.prev_hash, a.hash, p.hash AS pred_hash
+FROM audit_log a
+LEFT JOIN audit_log p ON p.seq = a.seq - 1
+WHERE a.org_id = $1
+  AND ($2::text IS NULL OR a.team_id = $2)
+  AND (a.at, a.seq) > ($3::timestamptz, $4::bigint)
+ORDER BY a.at, a.seq
+LIMIT $5
+`
+
+type AuditScanTenantParams struct {
+	OrgID    string
+	TeamID   *string
+	AfterAt  time.Time
+	AfterSeq int64
+	Lim      int32
+}
+
+type AuditScanTenantRow struct {
+	AuditLog AuditLog
+	PredHash []byte
+}
+
+// One tenant's records in (at, seq) order after a keyset cursor (the
+// audit_log_org_time_idx index), each with the hash of the record just
+// before it in the chain, whoever's that is (pred_hash is NULL when that
+// record is missing), for the tenant's view of VerifyAuditChain.
+func (q *Queries) AuditScanTenant(ctx context.Context, db DBTX, arg AuditScanTenantParams) ([]AuditScanTenantRow, error) {
+	rows, err := db.Query(ctx, auditScanTenant,
+		arg.OrgID,
+		arg.TeamID,
+		arg.AfterAt,
+		arg.AfterSeq,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AuditScanTenantRow{}
+	for rows.Next() {
+		var i AuditScanTenantRow
+		if err := rows.Scan(
+			&i.AuditLog.Seq,
+			&i.AuditLog.At,
+			&i.AuditLog.Actor,
+			&i.AuditLog.TokenID,
+			&i.AuditLog.Action,
+			&i.AuditLog.ObjectType,
+			&i.AuditLog.ObjectID,
+			&i.AuditLog.OrgID,
+			&i.AuditLog.TeamID,
+			&i.AuditLog.RequestID,
+			&i.AuditLog.BeforeJson,
+			&i.AuditLog.AfterJson,
+			&i.AuditLog.PrevHash,
+			&i.AuditLog.Hash,
+			&i.PredHash,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const chainHeadGet = `-- name: ChainHeadGet :one
 SELECT audit_seq, audit_hash, outbox_seq FROM chain_head WHERE id = 1
 `

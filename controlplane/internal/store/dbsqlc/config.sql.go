@@ -45,7 +45,7 @@ func (q *Queries) ConfigCustomers(ctx context.Context, db DBTX) ([]Customer, err
 }
 
 const configKey = `-- name: ConfigKey :one
-SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at FROM keys WHERE id = $1
+SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at, fallbacks FROM keys WHERE id = $1
 `
 
 func (q *Queries) ConfigKey(ctx context.Context, db DBTX, id string) (Key, error) {
@@ -75,6 +75,7 @@ func (q *Queries) ConfigKey(ctx context.Context, db DBTX, id string) (Key, error
 		&i.RotatedAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Fallbacks,
 	)
 	return i, err
 }
@@ -110,7 +111,7 @@ func (q *Queries) ConfigKeyOldHashes(ctx context.Context, db DBTX, keyID string)
 }
 
 const configKeys = `-- name: ConfigKeys :many
-SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at FROM keys ORDER BY id
+SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at, fallbacks FROM keys ORDER BY id
 `
 
 func (q *Queries) ConfigKeys(ctx context.Context, db DBTX) ([]Key, error) {
@@ -146,6 +147,7 @@ func (q *Queries) ConfigKeys(ctx context.Context, db DBTX) ([]Key, error) {
 			&i.RotatedAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Fallbacks,
 		); err != nil {
 			return nil, err
 		}
@@ -245,7 +247,7 @@ func (q *Queries) ConfigOldHashes(ctx context.Context, db DBTX) ([]KeyOldHash, e
 
 const configOrgs = `-- name: ConfigOrgs :many
 
-SELECT id, name, limits, blocked, metadata, created_at, updated_at FROM orgs ORDER BY id
+SELECT id, name, limits, blocked, metadata, created_at, updated_at, traffic FROM orgs ORDER BY id
 `
 
 // Queries of the config publisher: snapshot compilation, outbox
@@ -267,6 +269,7 @@ func (q *Queries) ConfigOrgs(ctx context.Context, db DBTX) ([]Org, error) {
 			&i.Metadata,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
 		); err != nil {
 			return nil, err
 		}
@@ -420,7 +423,7 @@ func (q *Queries) ConfigRegionsLock(ctx context.Context, db DBTX) ([]Region, err
 }
 
 const configTeams = `-- name: ConfigTeams :many
-SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at FROM teams ORDER BY id
+SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at, fallbacks FROM teams ORDER BY id
 `
 
 func (q *Queries) ConfigTeams(ctx context.Context, db DBTX) ([]Team, error) {
@@ -443,6 +446,7 @@ func (q *Queries) ConfigTeams(ctx context.Context, db DBTX) ([]Team, error) {
 			&i.ModelGroupAliases,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Fallbacks,
 		); err != nil {
 			return nil, err
 		}

@@ -11,7 +11,7 @@ import (
 )
 
 const dataPlaneList = `-- name: DataPlaneList :many
-SELECT instance_id, region, applied_version, events_seq, region_seq, health, in_flight, staleness_seconds, rejected, last_seen FROM data_planes
+SELECT instance_id, region, applied_version, events_seq, region_seq, health, in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected FROM data_planes
 WHERE ($1::text IS NULL OR region = $1)
 ORDER BY region, instance_id
 `
@@ -36,6 +36,8 @@ func (q *Queries) DataPlaneList(ctx context.Context, db DBTX, region *string) ([
 			&i.StalenessSeconds,
 			&i.Rejected,
 			&i.LastSeen,
+			&i.Rejecting,
+			&i.Ejected,
 		); err != nil {
 			return nil, err
 		}
@@ -50,14 +52,15 @@ func (q *Queries) DataPlaneList(ctx context.Context, db DBTX, region *string) ([
 const dataPlaneUpsert = `-- name: DataPlaneUpsert :exec
 
 INSERT INTO data_planes (instance_id, region, applied_version, events_seq, region_seq, health,
-                         in_flight, staleness_seconds, rejected, last_seen)
+                         in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected)
 VALUES ($1, $2, $3, $4, $5, $6,
-        $7, $8, $9, $10)
+        $7, $8, $9, $10, $11, $12)
 ON CONFLICT (instance_id) DO UPDATE
 SET region = EXCLUDED.region, applied_version = EXCLUDED.applied_version,
     events_seq = EXCLUDED.events_seq, region_seq = EXCLUDED.region_seq, health = EXCLUDED.health,
     in_flight = EXCLUDED.in_flight, staleness_seconds = EXCLUDED.staleness_seconds,
-    rejected = EXCLUDED.rejected, last_seen = EXCLUDED.last_seen
+    rejected = EXCLUDED.rejected, last_seen = EXCLUDED.last_seen, rejecting = EXCLUDED.rejecting,
+    ejected = EXCLUDED.ejected
 `
 
 type DataPlaneUpsertParams struct {
@@ -71,6 +74,8 @@ type DataPlaneUpsertParams struct {
 	StalenessSeconds float64
 	Rejected         []byte
 	LastSeen         time.Time
+	Rejecting        []byte
+	Ejected          []byte
 }
 
 // Data planes: the fleet view, one row per instance from its latest
@@ -87,6 +92,8 @@ func (q *Queries) DataPlaneUpsert(ctx context.Context, db DBTX, arg DataPlaneUps
 		arg.StalenessSeconds,
 		arg.Rejected,
 		arg.LastSeen,
+		arg.Rejecting,
+		arg.Ejected,
 	)
 	return err
 }

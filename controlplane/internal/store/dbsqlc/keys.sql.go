@@ -81,7 +81,7 @@ func (q *Queries) KeyDelete(ctx context.Context, db DBTX, id string) error {
 }
 
 const keyGet = `-- name: KeyGet :one
-SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at FROM keys
+SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at, fallbacks FROM keys
 WHERE id = $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR team_id = $3)
@@ -120,12 +120,13 @@ func (q *Queries) KeyGet(ctx context.Context, db DBTX, arg KeyGetParams) (Key, e
 		&i.RotatedAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Fallbacks,
 	)
 	return i, err
 }
 
 const keyGetForUpdate = `-- name: KeyGetForUpdate :one
-SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at FROM keys
+SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at, fallbacks FROM keys
 WHERE id = $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR team_id = $3)
@@ -165,6 +166,7 @@ func (q *Queries) KeyGetForUpdate(ctx context.Context, db DBTX, arg KeyGetForUpd
 		&i.RotatedAt,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Fallbacks,
 	)
 	return i, err
 }
@@ -232,7 +234,7 @@ func (q *Queries) KeyInsert(ctx context.Context, db DBTX, arg KeyInsertParams) e
 }
 
 const keyList = `-- name: KeyList :many
-SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at FROM keys
+SELECT id, org_id, team_id, user_id, project, alias, token_hash, pepper_version, display_prefix, last4, expires_at, tags, traffic_class, model_group_aliases, enforced_params, allowed_routes, limits, blocked, metadata, rotation_count, rotated_at, created_at, updated_at, fallbacks FROM keys
 WHERE id > $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR team_id = $3)
@@ -297,6 +299,7 @@ func (q *Queries) KeyList(ctx context.Context, db DBTX, arg KeyListParams) ([]Ke
 			&i.RotatedAt,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Fallbacks,
 		); err != nil {
 			return nil, err
 		}
@@ -387,7 +390,11 @@ SELECT EXISTS (SELECT 1 FROM orgs o WHERE o.id = $1)::boolean AS org_ok,
        ($2::text IS NULL
         OR EXISTS (SELECT 1 FROM teams t WHERE t.org_id = $1 AND t.id = $2))::boolean AS team_ok,
        ($3::text IS NULL
-        OR EXISTS (SELECT 1 FROM users u WHERE u.org_id = $1 AND u.id = $3))::boolean AS user_ok
+        OR EXISTS (SELECT 1 FROM users u WHERE u.org_id = $1 AND u.id = $3))::boolean AS user_ok,
+       -- The owner of a team key must be a member of that team.
+       ($2::text IS NULL OR $3::text IS NULL
+        OR EXISTS (SELECT 1 FROM team_members m
+                   WHERE m.org_id = $1 AND m.team_id = $2 AND m.user_id = $3))::boolean AS member_ok
 `
 
 type KeyRefsExistParams struct {
@@ -397,18 +404,25 @@ type KeyRefsExistParams struct {
 }
 
 type KeyRefsExistRow struct {
-	OrgOk  bool
-	TeamOk bool
-	UserOk bool
+	OrgOk    bool
+	TeamOk   bool
+	UserOk   bool
+	MemberOk bool
 }
 
 // Explicit existence checks of a key's org, team and user (within the
-// org), so clients get NotFound naming the missing one rather than a
-// foreign key violation.
+// org), and of the user's membership of the team for team keys, so
+// clients get an error naming the missing one rather than a foreign key
+// violation.
 func (q *Queries) KeyRefsExist(ctx context.Context, db DBTX, arg KeyRefsExistParams) (KeyRefsExistRow, error) {
 	row := db.QueryRow(ctx, keyRefsExist, arg.OrgID, arg.TeamID, arg.UserID)
 	var i KeyRefsExistRow
-	err := row.Scan(&i.OrgOk, &i.TeamOk, &i.UserOk)
+	err := row.Scan(
+		&i.OrgOk,
+		&i.TeamOk,
+		&i.UserOk,
+		&i.MemberOk,
+	)
 	return i, err
 }
 

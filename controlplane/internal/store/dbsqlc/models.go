@@ -11,20 +11,52 @@ import (
 )
 
 type AdminToken struct {
-	ID            string
-	Name          string
-	TokenHash     []byte
-	PepperVersion int32
-	DisplayPrefix string
-	Last4         string
-	Scope         string
-	OrgID         *string
-	TeamID        *string
-	Role          string
-	ExpiresAt     *time.Time
-	RevokedAt     *time.Time
-	CreatedBy     string
+	ID                    string
+	Name                  string
+	TokenHash             []byte
+	PepperVersion         int32
+	DisplayPrefix         string
+	Last4                 string
+	Scope                 string
+	OrgID                 *string
+	TeamID                *string
+	Role                  string
+	ExpiresAt             *time.Time
+	RevokedAt             *time.Time
+	CreatedBy             string
+	CreatedAt             time.Time
+	PreviousHash          []byte
+	PreviousPepperVersion pgtype.Int4
+	PreviousValidUntil    *time.Time
+	RotatedAt             *time.Time
+}
+
+type AlertDelivery struct {
+	DeliveryID    string
+	AlertID       string
+	WebhookID     string
+	OrgID         string
+	State         string
+	Attempts      int32
+	NextAttemptAt time.Time
+	LastError     string
 	CreatedAt     time.Time
+	DeliveredAt   *time.Time
+}
+
+type AlertWebhook struct {
+	ID               string
+	OrgID            string
+	Url              string
+	Description      string
+	SecretCiphertext []byte
+	CreatedAt        time.Time
+	CreatedBy        string
+}
+
+type AuditExport struct {
+	ID           int32
+	PublishedSeq int64
 }
 
 type AuditLog struct {
@@ -107,6 +139,8 @@ type DataPlane struct {
 	StalenessSeconds float64
 	Rejected         []byte
 	LastSeen         time.Time
+	Rejecting        []byte
+	Ejected          []byte
 }
 
 type Deployment struct {
@@ -125,6 +159,17 @@ type Deployment struct {
 	Free                 bool
 	CreatedAt            time.Time
 	UpdatedAt            time.Time
+	Traffic              []byte
+}
+
+type DistributionEpoch struct {
+	Epoch        int64
+	StartedAt    time.Time
+	VersionFloor int64
+	EventsFloor  int64
+	FirstVersion *int64
+	Reason       string
+	Detail       []byte
 }
 
 type Key struct {
@@ -151,6 +196,7 @@ type Key struct {
 	RotatedAt         *time.Time
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	Fallbacks         []byte
 }
 
 type KeyOldHash struct {
@@ -162,10 +208,22 @@ type KeyOldHash struct {
 }
 
 type ModelGroup struct {
-	Name        string
-	Description string
-	CreatedAt   time.Time
-	UpdatedAt   time.Time
+	Name         string
+	Description  string
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+	Traffic      []byte
+	PlatformWide bool
+	Routing      []byte
+	Fallbacks    []string
+	Resilience   []byte
+}
+
+type ModelGroupGrant struct {
+	ModelGroup string
+	OrgID      string
+	CreatedAt  time.Time
+	CreatedBy  string
 }
 
 type Org struct {
@@ -176,6 +234,7 @@ type Org struct {
 	Metadata  []byte
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	Traffic   []byte
 }
 
 type Outbox struct {
@@ -212,34 +271,35 @@ type SpendDaily struct {
 }
 
 type SpendLog struct {
-	RequestID        string
-	At               time.Time
-	Region           string
-	InstanceID       string
-	OrgID            string
-	TeamID           string
-	UserID           string
-	KeyID            string
-	Project          string
-	Customer         string
-	AgentID          string
-	SessionID        string
-	Tags             []string
-	TrafficClass     string
-	Route            string
-	RequestedModel   string
-	ModelGroup       string
-	DeploymentID     string
-	Stream           bool
-	PromptTokens     int64
-	CompletionTokens int64
-	CachedTokens     int64
-	CostUsd          float64
-	Status           int32
-	ErrorCode        string
-	LatencyMs        int64
-	TtftMs           int64
-	Attempts         int32
+	RequestID           string
+	At                  time.Time
+	Region              string
+	InstanceID          string
+	OrgID               string
+	TeamID              string
+	UserID              string
+	KeyID               string
+	Project             string
+	Customer            string
+	AgentID             string
+	SessionID           string
+	Tags                []string
+	TrafficClass        string
+	Route               string
+	RequestedModel      string
+	ModelGroup          string
+	DeploymentID        string
+	Stream              bool
+	PromptTokens        int64
+	CompletionTokens    int64
+	CachedTokens        int64
+	CostUsd             float64
+	Status              int32
+	ErrorCode           string
+	LatencyMs           int64
+	TtftMs              int64
+	Attempts            int32
+	CacheCreationTokens int64
 }
 
 type Team struct {
@@ -253,6 +313,7 @@ type Team struct {
 	ModelGroupAliases []byte
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	Fallbacks         []byte
 }
 
 type TeamMember struct {
@@ -263,6 +324,20 @@ type TeamMember struct {
 	Limits          []byte
 	CreatedAt       time.Time
 	UpdatedAt       time.Time
+}
+
+type TrustedIssuer struct {
+	ID            string
+	OrgID         string
+	Issuer        string
+	Audience      string
+	JwksUrl       string
+	TeamClaim     string
+	UserClaim     string
+	CustomerClaim string
+	UnknownPolicy string
+	DefaultTeamID *string
+	CreatedAt     time.Time
 }
 
 type User struct {

@@ -11,7 +11,7 @@ import (
 )
 
 const deploymentAll = `-- name: DeploymentAll :many
-SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at FROM deployments ORDER BY id
+SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at, traffic FROM deployments ORDER BY id
 `
 
 func (q *Queries) DeploymentAll(ctx context.Context, db DBTX) ([]Deployment, error) {
@@ -39,6 +39,7 @@ func (q *Queries) DeploymentAll(ctx context.Context, db DBTX) ([]Deployment, err
 			&i.Free,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
 		); err != nil {
 			return nil, err
 		}
@@ -60,7 +61,7 @@ func (q *Queries) DeploymentDelete(ctx context.Context, db DBTX, id string) erro
 }
 
 const deploymentGet = `-- name: DeploymentGet :one
-SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at FROM deployments WHERE id = $1
+SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at, traffic FROM deployments WHERE id = $1
 `
 
 func (q *Queries) DeploymentGet(ctx context.Context, db DBTX, id string) (Deployment, error) {
@@ -82,12 +83,13 @@ func (q *Queries) DeploymentGet(ctx context.Context, db DBTX, id string) (Deploy
 		&i.Free,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
 	)
 	return i, err
 }
 
 const deploymentGetForUpdate = `-- name: DeploymentGetForUpdate :one
-SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at FROM deployments WHERE id = $1 FOR UPDATE
+SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at, traffic FROM deployments WHERE id = $1 FOR UPDATE
 `
 
 func (q *Queries) DeploymentGetForUpdate(ctx context.Context, db DBTX, id string) (Deployment, error) {
@@ -109,6 +111,7 @@ func (q *Queries) DeploymentGetForUpdate(ctx context.Context, db DBTX, id string
 		&i.Free,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
 	)
 	return i, err
 }
@@ -160,7 +163,7 @@ func (q *Queries) DeploymentInsert(ctx context.Context, db DBTX, arg DeploymentI
 }
 
 const deploymentList = `-- name: DeploymentList :many
-SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at FROM deployments
+SELECT id, model_group, api_base, upstream_model, credential_ciphertext, weight, max_concurrency, capabilities, tags, input_price, output_price, cached_input_price, free, created_at, updated_at, traffic FROM deployments
 WHERE id > $1
   AND ($2::text IS NULL OR model_group = $2)
 ORDER BY id
@@ -198,6 +201,7 @@ func (q *Queries) DeploymentList(ctx context.Context, db DBTX, arg DeploymentLis
 			&i.Free,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
 		); err != nil {
 			return nil, err
 		}
@@ -253,7 +257,7 @@ func (q *Queries) DeploymentUpdate(ctx context.Context, db DBTX, arg DeploymentU
 }
 
 const modelGroupAll = `-- name: ModelGroupAll :many
-SELECT name, description, created_at, updated_at FROM model_groups ORDER BY name
+SELECT name, description, created_at, updated_at, traffic, platform_wide, routing, fallbacks, resilience FROM model_groups ORDER BY name
 `
 
 func (q *Queries) ModelGroupAll(ctx context.Context, db DBTX) ([]ModelGroup, error) {
@@ -270,6 +274,11 @@ func (q *Queries) ModelGroupAll(ctx context.Context, db DBTX) ([]ModelGroup, err
 			&i.Description,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
+			&i.PlatformWide,
+			&i.Routing,
+			&i.Fallbacks,
+			&i.Resilience,
 		); err != nil {
 			return nil, err
 		}
@@ -302,7 +311,7 @@ func (q *Queries) ModelGroupDeploymentCount(ctx context.Context, db DBTX, name s
 }
 
 const modelGroupGet = `-- name: ModelGroupGet :one
-SELECT name, description, created_at, updated_at FROM model_groups WHERE name = $1
+SELECT name, description, created_at, updated_at, traffic, platform_wide, routing, fallbacks, resilience FROM model_groups WHERE name = $1
 `
 
 func (q *Queries) ModelGroupGet(ctx context.Context, db DBTX, name string) (ModelGroup, error) {
@@ -313,12 +322,17 @@ func (q *Queries) ModelGroupGet(ctx context.Context, db DBTX, name string) (Mode
 		&i.Description,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
+		&i.PlatformWide,
+		&i.Routing,
+		&i.Fallbacks,
+		&i.Resilience,
 	)
 	return i, err
 }
 
 const modelGroupGetForUpdate = `-- name: ModelGroupGetForUpdate :one
-SELECT name, description, created_at, updated_at FROM model_groups WHERE name = $1 FOR UPDATE
+SELECT name, description, created_at, updated_at, traffic, platform_wide, routing, fallbacks, resilience FROM model_groups WHERE name = $1 FOR UPDATE
 `
 
 func (q *Queries) ModelGroupGetForUpdate(ctx context.Context, db DBTX, name string) (ModelGroup, error) {
@@ -329,31 +343,185 @@ func (q *Queries) ModelGroupGetForUpdate(ctx context.Context, db DBTX, name stri
 		&i.Description,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
+		&i.PlatformWide,
+		&i.Routing,
+		&i.Fallbacks,
+		&i.Resilience,
 	)
 	return i, err
 }
 
+const modelGroupGrantAll = `-- name: ModelGroupGrantAll :many
+SELECT model_group, org_id, created_at, created_by FROM model_group_grants ORDER BY model_group, org_id
+`
+
+func (q *Queries) ModelGroupGrantAll(ctx context.Context, db DBTX) ([]ModelGroupGrant, error) {
+	rows, err := db.Query(ctx, modelGroupGrantAll)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ModelGroupGrant{}
+	for rows.Next() {
+		var i ModelGroupGrant
+		if err := rows.Scan(
+			&i.ModelGroup,
+			&i.OrgID,
+			&i.CreatedAt,
+			&i.CreatedBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const modelGroupGrantDelete = `-- name: ModelGroupGrantDelete :execrows
+DELETE FROM model_group_grants WHERE model_group = $1 AND org_id = $2
+`
+
+type ModelGroupGrantDeleteParams struct {
+	ModelGroup string
+	OrgID      string
+}
+
+func (q *Queries) ModelGroupGrantDelete(ctx context.Context, db DBTX, arg ModelGroupGrantDeleteParams) (int64, error) {
+	result, err := db.Exec(ctx, modelGroupGrantDelete, arg.ModelGroup, arg.OrgID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const modelGroupGrantInsert = `-- name: ModelGroupGrantInsert :exec
+INSERT INTO model_group_grants (model_group, org_id, created_at, created_by)
+VALUES ($1, $2, $3, $4)
+`
+
+type ModelGroupGrantInsertParams struct {
+	ModelGroup string
+	OrgID      string
+	CreatedAt  time.Time
+	CreatedBy  string
+}
+
+func (q *Queries) ModelGroupGrantInsert(ctx context.Context, db DBTX, arg ModelGroupGrantInsertParams) error {
+	_, err := db.Exec(ctx, modelGroupGrantInsert,
+		arg.ModelGroup,
+		arg.OrgID,
+		arg.CreatedAt,
+		arg.CreatedBy,
+	)
+	return err
+}
+
+const modelGroupGrantList = `-- name: ModelGroupGrantList :many
+SELECT model_group, org_id, created_at, created_by FROM model_group_grants
+WHERE ($1::text IS NULL OR model_group = $1)
+  AND ($2::text IS NULL OR org_id = $2)
+  AND (model_group, org_id) > ($3::text, $4::text)
+ORDER BY model_group, org_id
+LIMIT $5
+`
+
+type ModelGroupGrantListParams struct {
+	ModelGroup *string
+	OrgID      *string
+	AfterGroup string
+	AfterOrg   string
+	Lim        int32
+}
+
+// Keyset on (model_group, org_id); filters optional.
+func (q *Queries) ModelGroupGrantList(ctx context.Context, db DBTX, arg ModelGroupGrantListParams) ([]ModelGroupGrant, error) {
+	rows, err := db.Query(ctx, modelGroupGrantList,
+		arg.ModelGroup,
+		arg.OrgID,
+		arg.AfterGroup,
+		arg.AfterOrg,
+		arg.Lim,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ModelGroupGrant{}
+	for rows.Next() {
+		var i ModelGroupGrant
+		if err := rows.Scan(
+			&i.ModelGroup,
+			&i.OrgID,
+			&i.CreatedAt,
+			&i.CreatedBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const modelGroupGrantOrgs = `-- name: ModelGroupGrantOrgs :many
+SELECT org_id FROM model_group_grants WHERE model_group = $1 ORDER BY org_id
+`
+
+func (q *Queries) ModelGroupGrantOrgs(ctx context.Context, db DBTX, modelGroup string) ([]string, error) {
+	rows, err := db.Query(ctx, modelGroupGrantOrgs, modelGroup)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var org_id string
+		if err := rows.Scan(&org_id); err != nil {
+			return nil, err
+		}
+		items = append(items, org_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const modelGroupInsert = `-- name: ModelGroupInsert :exec
 
-INSERT INTO model_groups (name, description, created_at, updated_at)
-VALUES ($1, $2, $3, $3)
+INSERT INTO model_groups (name, description, platform_wide, routing, created_at, updated_at)
+VALUES ($1, $2, $3, $4, $5, $5)
 `
 
 type ModelGroupInsertParams struct {
-	Name        string
-	Description string
-	CreatedAt   time.Time
+	Name         string
+	Description  string
+	PlatformWide bool
+	Routing      []byte
+	CreatedAt    time.Time
 }
 
 // Model groups and their deployments (SPEC §7.2). Platform objects: no
 // org_id; every admin token may read them, platform tokens change them.
 func (q *Queries) ModelGroupInsert(ctx context.Context, db DBTX, arg ModelGroupInsertParams) error {
-	_, err := db.Exec(ctx, modelGroupInsert, arg.Name, arg.Description, arg.CreatedAt)
+	_, err := db.Exec(ctx, modelGroupInsert,
+		arg.Name,
+		arg.Description,
+		arg.PlatformWide,
+		arg.Routing,
+		arg.CreatedAt,
+	)
 	return err
 }
 
 const modelGroupList = `-- name: ModelGroupList :many
-SELECT name, description, created_at, updated_at FROM model_groups
+SELECT name, description, created_at, updated_at, traffic, platform_wide, routing, fallbacks, resilience FROM model_groups
 WHERE name > $1
 ORDER BY name
 LIMIT $2
@@ -378,6 +546,11 @@ func (q *Queries) ModelGroupList(ctx context.Context, db DBTX, arg ModelGroupLis
 			&i.Description,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
+			&i.PlatformWide,
+			&i.Routing,
+			&i.Fallbacks,
+			&i.Resilience,
 		); err != nil {
 			return nil, err
 		}
@@ -390,16 +563,86 @@ func (q *Queries) ModelGroupList(ctx context.Context, db DBTX, arg ModelGroupLis
 }
 
 const modelGroupUpdate = `-- name: ModelGroupUpdate :exec
-UPDATE model_groups SET description = $1, updated_at = $2 WHERE name = $3
+UPDATE model_groups SET description = $1, platform_wide = $2, routing = $3, updated_at = $4 WHERE name = $5
 `
 
 type ModelGroupUpdateParams struct {
-	Description string
-	UpdatedAt   time.Time
-	Name        string
+	Description  string
+	PlatformWide bool
+	Routing      []byte
+	UpdatedAt    time.Time
+	Name         string
 }
 
 func (q *Queries) ModelGroupUpdate(ctx context.Context, db DBTX, arg ModelGroupUpdateParams) error {
-	_, err := db.Exec(ctx, modelGroupUpdate, arg.Description, arg.UpdatedAt, arg.Name)
+	_, err := db.Exec(ctx, modelGroupUpdate,
+		arg.Description,
+		arg.PlatformWide,
+		arg.Routing,
+		arg.UpdatedAt,
+		arg.Name,
+	)
 	return err
+}
+
+const modelGroupVisibleList = `-- name: ModelGroupVisibleList :many
+SELECT g.name, g.description, g.created_at, g.updated_at, g.traffic, g.platform_wide, g.routing, g.fallbacks, g.resilience FROM model_groups g
+WHERE g.name > $1
+  AND (g.platform_wide OR EXISTS (SELECT 1 FROM model_group_grants m WHERE m.model_group = g.name AND m.org_id = $2))
+ORDER BY g.name
+LIMIT $3
+`
+
+type ModelGroupVisibleListParams struct {
+	AfterName string
+	OrgID     string
+	Lim       int32
+}
+
+// The groups org_id may see: platform-wide or granted to it.
+func (q *Queries) ModelGroupVisibleList(ctx context.Context, db DBTX, arg ModelGroupVisibleListParams) ([]ModelGroup, error) {
+	rows, err := db.Query(ctx, modelGroupVisibleList, arg.AfterName, arg.OrgID, arg.Lim)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ModelGroup{}
+	for rows.Next() {
+		var i ModelGroup
+		if err := rows.Scan(
+			&i.Name,
+			&i.Description,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.Traffic,
+			&i.PlatformWide,
+			&i.Routing,
+			&i.Fallbacks,
+			&i.Resilience,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const modelGroupVisibleTo = `-- name: ModelGroupVisibleTo :one
+SELECT (g.platform_wide OR EXISTS (SELECT 1 FROM model_group_grants m WHERE m.model_group = g.name AND m.org_id = $1))::boolean
+FROM model_groups g WHERE g.name = $2
+`
+
+type ModelGroupVisibleToParams struct {
+	OrgID string
+	Name  string
+}
+
+func (q *Queries) ModelGroupVisibleTo(ctx context.Context, db DBTX, arg ModelGroupVisibleToParams) (bool, error) {
+	row := db.QueryRow(ctx, modelGroupVisibleTo, arg.OrgID, arg.Name)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
 }

@@ -49,7 +49,7 @@ func (q *Queries) OrgDelete(ctx context.Context, db DBTX, id string) error {
 }
 
 const orgGet = `-- name: OrgGet :one
-SELECT id, name, limits, blocked, metadata, created_at, updated_at FROM orgs
+SELECT id, name, limits, blocked, metadata, created_at, updated_at, traffic FROM orgs
 WHERE id = $1 AND ($2::text IS NULL OR id = $2)
 `
 
@@ -69,12 +69,13 @@ func (q *Queries) OrgGet(ctx context.Context, db DBTX, arg OrgGetParams) (Org, e
 		&i.Metadata,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
 	)
 	return i, err
 }
 
 const orgGetForUpdate = `-- name: OrgGetForUpdate :one
-SELECT id, name, limits, blocked, metadata, created_at, updated_at FROM orgs
+SELECT id, name, limits, blocked, metadata, created_at, updated_at, traffic FROM orgs
 WHERE id = $1 AND ($2::text IS NULL OR id = $2)
 FOR UPDATE
 `
@@ -95,6 +96,7 @@ func (q *Queries) OrgGetForUpdate(ctx context.Context, db DBTX, arg OrgGetForUpd
 		&i.Metadata,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Traffic,
 	)
 	return i, err
 }
@@ -124,7 +126,7 @@ func (q *Queries) OrgInsert(ctx context.Context, db DBTX, arg OrgInsertParams) e
 }
 
 const orgList = `-- name: OrgList :many
-SELECT id, name, limits, blocked, metadata, created_at, updated_at FROM orgs
+SELECT id, name, limits, blocked, metadata, created_at, updated_at, traffic FROM orgs
 WHERE id > $1
   AND ($2::text IS NULL OR id = $2)
   AND starts_with(name, $3)
@@ -164,6 +166,7 @@ func (q *Queries) OrgList(ctx context.Context, db DBTX, arg OrgListParams) ([]Or
 			&i.Metadata,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Traffic,
 		); err != nil {
 			return nil, err
 		}

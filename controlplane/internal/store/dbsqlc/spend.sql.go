@@ -13,6 +13,7 @@ import (
 )
 
 const spendDailyAdd = `-- name: SpendDailyAdd :exec
+
 INSERT INTO spend_daily (day, scope, scope_id, org_id, requests, prompt_tokens, completion_tokens,
                          cached_tokens, cost_usd)
 SELECT unnest($1::date[]), unnest($2::text[]), unnest($3::text[]), unnest($4::text[]),
@@ -38,6 +39,9 @@ type SpendDailyAddParams struct {
 	Costs            []float64
 }
 
+// spend_logs rows are written by store.SpendRecord through COPY into a
+// staging table and one INSERT ... SELECT ... ON CONFLICT DO NOTHING
+// (controlplane/internal/store/spend.go), which sqlc cannot express.
 // Adds pre-aggregated amounts to the daily aggregates. The caller passes
 // each (scope, scope_id, org_id, day) once, sorted, so concurrent
 // consumers lock rows in one order and never deadlock. (The unnest calls
@@ -107,7 +111,7 @@ func (q *Queries) SpendDailySum(ctx context.Context, db DBTX, arg SpendDailySumP
 }
 
 const spendLogList = `-- name: SpendLogList :many
-SELECT request_id, at, region, instance_id, org_id, team_id, user_id, key_id, project, customer, agent_id, session_id, tags, traffic_class, route, requested_model, model_group, deployment_id, stream, prompt_tokens, completion_tokens, cached_tokens, cost_usd, status, error_code, latency_ms, ttft_ms, attempts FROM spend_logs
+SELECT request_id, at, region, instance_id, org_id, team_id, user_id, key_id, project, customer, agent_id, session_id, tags, traffic_class, route, requested_model, model_group, deployment_id, stream, prompt_tokens, completion_tokens, cached_tokens, cost_usd, status, error_code, latency_ms, ttft_ms, attempts, cache_creation_tokens FROM spend_logs
 WHERE ($1::text IS NULL OR org_id = $1)
   AND ($2::text IS NULL OR team_id = $2)
   AND ($3::text IS NULL OR user_id = $3)
@@ -184,6 +188,7 @@ func (q *Queries) SpendLogList(ctx context.Context, db DBTX, arg SpendLogListPar
 			&i.LatencyMs,
 			&i.TtftMs,
 			&i.Attempts,
+			&i.CacheCreationTokens,
 		); err != nil {
 			return nil, err
 		}

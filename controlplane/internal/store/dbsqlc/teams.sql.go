@@ -51,7 +51,7 @@ func (q *Queries) TeamDelete(ctx context.Context, db DBTX, arg TeamDeleteParams)
 }
 
 const teamGet = `-- name: TeamGet :one
-SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at FROM teams
+SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at, fallbacks FROM teams
 WHERE id = $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR id = $3)
@@ -77,12 +77,13 @@ func (q *Queries) TeamGet(ctx context.Context, db DBTX, arg TeamGetParams) (Team
 		&i.ModelGroupAliases,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Fallbacks,
 	)
 	return i, err
 }
 
 const teamGetForUpdate = `-- name: TeamGetForUpdate :one
-SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at FROM teams
+SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at, fallbacks FROM teams
 WHERE id = $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR id = $3)
@@ -109,6 +110,7 @@ func (q *Queries) TeamGetForUpdate(ctx context.Context, db DBTX, arg TeamGetForU
 		&i.ModelGroupAliases,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.Fallbacks,
 	)
 	return i, err
 }
@@ -146,7 +148,7 @@ func (q *Queries) TeamInsert(ctx context.Context, db DBTX, arg TeamInsertParams)
 }
 
 const teamList = `-- name: TeamList :many
-SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at FROM teams
+SELECT id, org_id, name, limits, blocked, metadata, traffic_class, model_group_aliases, created_at, updated_at, fallbacks FROM teams
 WHERE id > $1
   AND ($2::text IS NULL OR org_id = $2)
   AND ($3::text IS NULL OR id = $3)
@@ -192,6 +194,7 @@ func (q *Queries) TeamList(ctx context.Context, db DBTX, arg TeamListParams) ([]
 			&i.ModelGroupAliases,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.Fallbacks,
 		); err != nil {
 			return nil, err
 		}

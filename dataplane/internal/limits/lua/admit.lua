@@ -1,20 +1,29 @@
 -- admit.lua: check every scope of a request and, only if all pass, consume
 -- or reserve in all of them. Nothing is written for a rejected request
 -- except bookkeeping that is not consumption (the epoch key, pruning of
--- expired entries, starting a new budget window from its seed).
+-- expired entries, starting a new budget window of an intact state at
+-- zero). A budget scope whose state is missing (common.lua, budget_held)
+-- needs a seed from the ledger first: the answer is then "needs seed" and
+-- nothing is consumed anywhere.
 --
--- KEYS: layout of common.lua (epoch, record, then 2 keys per scope).
+-- KEYS: layout of common.lua (epoch, record, then 2 keys per scope, then
+--   the org's lease index).
 -- ARGV:
 --   1 request id            2 estimated tokens       3 max cost (micro-USD)
 --   4 lease TTL ms          5 quarantine ms          6 record TTL ms
 --   7 parallel retry max ms 8 rate window ms         9 bucket ms
 --   10 write record (0/1)   11 number of scopes n
---   then 8 values per scope i (base 11 + 8(i-1)):
+--   then 6 values per scope i (base 11 + 6(i-1)):
 --     rpm, tpm, max parallel (0 = none), budget cap micro-USD (0 = none),
---     budget unit ('h', 'd', 'mo'; '-' = no budget), budget n,
---     seed micro-USD, seed window start (Unix s; 0 = current window)
+--     budget unit ('h', 'd', 'mo'; '-' = no budget), budget n
+--   then (12 + 6n) the request's report (common.lua; '' = none): with one,
+--     the record carries it and the request joins the lease index, so a
+--     sweeper settles it if its lease expires unsettled (lease.go).
 -- Returns an array of integers:
---   1 status: 1 admitted, 0 rejected, -1 duplicate request id
+--   1 status: 1 admitted, 0 rejected, -1 duplicate request id, 2 needs
+--     seed (no scope rejected, but budget scopes have no window: 3 is
+--     their number k and 16 .. 15+2k are pairs of scope (1-based) and
+--     current window start (Unix s); 4-15 are 0)
 --   2 epoch (ms)
 --   3 rejecting scope (1-based; 0 when admitted)
 --   4 limit type: 1 rpm, 2 tpm, 3 parallel, 4 budget
@@ -54,12 +63,12 @@ local quarantine_left = epoch + quarantine - now
 -- Phase 1: check every scope; remember what phase 2 needs.
 local st = {}
 local rej = nil
+local unseeded = {} -- scope, window start pairs of budget scopes without a window
 for i = 1, n do
-  local a = 11 + 8 * (i - 1)
+  local a = 11 + 6 * (i - 1)
   local s = {
     rpm = tonumber(ARGV[a + 1]), tpm = tonumber(ARGV[a + 2]), par = tonumber(ARGV[a + 3]),
     cap = tonumber(ARGV[a + 4]), unit = ARGV[a + 5], bn = tonumber(ARGV[a + 6]),
-    seed = tonumber(ARGV[a + 7]), seed_start = tonumber(ARGV[a + 8]),
   }
   st[i] = s
   local hk = hkey(i)
@@ -100,19 +109,32 @@ for i = 1, n do
     local idx, ws, we = budget_window(s.unit, s.bn, now_s)
     s.widx, s.wend = idx, we
     local id = bw_id(s.unit, s.bn, idx)
-    if s.v[7] == id then
+    local held = budget_held(s.v[7], s.unit, s.bn, idx)
+    if held == 'current' then
       s.spend = tonumber(s.v[8]) or 0
-    else
-      -- A new window (or a first use, or lost state) starts from the
-      -- durable seed; alert markers of other windows no longer match.
-      s.spend = budget_start(s.seed, s.seed_start, ws)
-      redis.call('HSET', hk, 'bw', id, 'bs', s.spend)
+    elseif held == 'older' then
+      -- A new window of an intact state starts at zero; alert markers of
+      -- other windows no longer match.
+      s.spend = 0
+      redis.call('HSET', hk, 'bw', id, 'bs', 0)
       redis.call('EXPIREAT', hk, we + 3600)
+    else
+      -- Missing: never started from anything but the ledger (a seed).
+      unseeded[#unseeded + 1] = i
+      unseeded[#unseeded + 1] = ws
     end
-    if not rej and s.cap > 0 and s.spend >= s.cap then
+    if not rej and s.spend and s.cap > 0 and s.spend >= s.cap then
       rej = { i, 4, we * 1000 - now, s.spend, s.cap, 0, we }
     end
   end
+end
+
+-- A rejection stands on its own; otherwise missing budget windows must be
+-- seeded before anything is consumed.
+if not rej and #unseeded > 0 then
+  local out = { 2, epoch, #unseeded / 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  for _, x in ipairs(unseeded) do out[#out + 1] = x end
+  return out
 end
 
 -- Phase 2: consume everywhere, only when nothing rejected.
@@ -164,7 +186,15 @@ if not rej then
     if created then state_expiry(hk, s.unit ~= '-', s.wend, s.rpm > 0 or s.tpm > 0, rate_ttl, lease_ttl) end
   end
   if write_record then
-    redis.call('SET', KEYS[2], table.concat(rec, ' '), 'PX', record_ttl)
+    local note = ARGV[12 + 6 * n]
+    if note and note ~= '' then
+      redis.call('SET', KEYS[2], table.concat(rec, ' ') .. '\n' .. note, 'PX', record_ttl)
+      local ik = KEYS[3 + 2 * n]
+      redis.call('ZADD', ik, now + lease_ttl, rid)
+      redis.call('PEXPIRE', ik, record_ttl)
+    else
+      redis.call('SET', KEYS[2], table.concat(rec, ' '), 'PX', record_ttl)
+    end
   end
 end
 

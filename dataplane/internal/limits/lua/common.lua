@@ -1,18 +1,24 @@
--- common.lua: helpers prepended to admit.lua, renew.lua and settle.lua (see
--- scripts.go). It defines only local functions; the scripts' KEYS/ARGV
--- contracts are at the top of each script.
+-- common.lua: helpers prepended to admit.lua, renew.lua, settle.lua and
+-- seed.lua (see scripts.go). It defines only local functions; the scripts'
+-- KEYS/ARGV contracts are at the top of each script.
 --
 -- Shared key layout (built by keys.go, all under one hash tag {o:<org>}):
 --   KEYS[1]        epoch key (string: epoch start, ms since the Unix epoch)
 --   KEYS[2]        request record (string; see record_parse)
 --   KEYS[3+2(i-1)] scope i state (hash; fields below)
 --   KEYS[4+2(i-1)] scope i leases (zset: request id scored by expiry ms)
+--   KEYS[3+2n]     the org's lease index (zset: request id scored by its
+--                  lease expiry ms), for requests that carry a report:
+--                  what a sweeper scans for requests whose proxy was lost
 --
 -- A scope's state hash holds every limit of the scope, so one HMGET reads
 -- and one HSET writes all of them:
 --   rt, ro, r<b>   requests window: total, oldest bucket, bucket b
 --   kt, ko, k<b>   tokens window: the same
 --   bw, bs         budget window id (bw_id) and its spend (micro-USD)
+--   bp, bpw        reservations re-asserted (renew.lua) while the budget
+--                  window was missing, and the window id they are for;
+--                  seed.lua adds them to the seed
 --   ba<pct>, bsoft the budget window id in which that alert fired
 --   lx             a time (ms) before which the lease set does not expire
 --   _              HASHTABLE_PAD, in hashes of scopes with rate limits (below)
@@ -99,12 +105,34 @@ local function bw_id(unit, n, idx)
   return unit .. n .. '/' .. idx
 end
 
--- budget_start returns the spend a new budget window starts at: the
--- durable seed when it belongs to this window (seed_start 0 or equal to
--- the window start), else 0.
-local function budget_start(seed, seed_start, start_s)
-  if seed_start == 0 or seed_start == start_s then return seed end
-  return 0
+-- budget_held classifies the budget window a scope's state holds (its
+-- field 'bw', nil when absent) against the current window idx of duration
+-- unit, n:
+--   'current'  it is the current window: its spend is 'bs';
+--   'older'    an earlier window of the same duration: the state is intact
+--              and the current window is new, so it starts at zero;
+--   'missing'  no window (first use, Redis lost the state, or the state
+--              expired an hour after its window), or one of another
+--              duration (budget_duration changed): only the ledger knows
+--              the spend, so the window waits for a seed (seed.lua).
+-- Why 'older' may start at zero: the first admission of a window writes
+-- 'bw' (even when it rejects), so while 'bw' names an older window no
+-- request of the current one was admitted through this state; the ledger
+-- charges a request to the window its start time is in, so it holds
+-- nothing for the current window either. A request admitted in the older
+-- window and settled after the boundary is charged by settle.lua to the
+-- older window while that one is still held (as the ledger does) and to
+-- the current window once it moved (Redis then counts more than the
+-- ledger, never less).
+local function budget_held(held, unit, n, idx)
+  if not held then return 'missing' end
+  local prefix = unit .. n .. '/'
+  if held == prefix .. idx then return 'current' end
+  if string.sub(held, 1, #prefix) == prefix then
+    local h = tonumber(string.sub(held, #prefix + 1))
+    if h and h < idx then return 'older' end
+  end
+  return 'missing'
 end
 
 -- Sliding windows. Window p ('r' requests, 'k' tokens) of a state hash is
@@ -252,16 +280,41 @@ local function state_expiry(key, has_budget, wend, has_rate, rate_ttl, lease_ttl
   end
 end
 
--- record_parse reads the request record: "done" once settled, else
--- "<est> <cost> <bucket> <w1> .. <wn>" (w_i the budget window index the
--- admission reserved in for scope i, '-' for none). Returns nil when
--- missing, {done = true} when settled, else a table.
+-- record_parse reads the request record: "done" once settled, "swept"
+-- once a sweeper settled it after its lease expired (its proxy was lost),
+-- else "<est> <cost> <bucket> <w1> .. <wn>" (w_i the budget window index
+-- the admission reserved in for scope i, '-' for none, 'p<index>' for a
+-- reservation renew.lua re-asserted into 'bp' while the window was
+-- missing), optionally followed by a newline and the request's report
+-- (below). Returns nil when missing, {done = true} when settled ({done =
+-- true, swept = true} when swept), else a table; rec.nl is the position of
+-- the newline that starts the report (nil without one).
 local function record_parse(raw)
   if not raw then return nil end
   if raw == 'done' then return { done = true } end
+  if raw == 'swept' then return { done = true, swept = true } end
+  local nl = string.find(raw, '\n', 1, true)
+  local head = raw
+  if nl then head = string.sub(raw, 1, nl - 1) end
   local t = {}
-  for tok in string.gmatch(raw, '%S+') do t[#t + 1] = tok end
-  local rec = { est = tonumber(t[1]), cost = tonumber(t[2]), b = tonumber(t[3]), w = {} }
+  for tok in string.gmatch(head, '%S+') do t[#t + 1] = tok end
+  local rec = { est = tonumber(t[1]), cost = tonumber(t[2]), b = tonumber(t[3]), w = {}, nl = nl, head = head }
   for j = 4, #t do rec.w[j - 3] = t[j] end
   return rec
+end
+
+-- The report of a request (written by admit.lua and renew.lua after the
+-- record's first line, built by Go: lease.go) is
+--   "<tokens> <cost micro-USD>\n<scopes spec>\n<usage event>"
+-- the usage the request reported so far (what a sweeper charges if its
+-- proxy dies), the scopes to settle, and the usage event to publish. Only
+-- the first line is read here.
+
+-- record_usage returns the tokens and cost of rec's report (0, 0 without
+-- one).
+local function record_usage(raw, rec)
+  if not rec.nl then return 0, 0 end
+  local line = string.match(raw, '^([^\n]*)', rec.nl + 1)
+  local tok, cost = string.match(line or '', '^(%d+) (%d+)')
+  return tonumber(tok) or 0, tonumber(cost) or 0
 end

@@ -178,6 +178,739 @@ func (x *Alert) GetRequestId() string {
 	return ""
 }
 
+// AlertWebhook is an endpoint alerts of one org are POSTed to, signed
+// with its secret (Standard Webhooks headers; docs/alerts.md).
+type AlertWebhook struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	OrgId string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// http:// or https:// URL without credentials or fragment.
+	Url           string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	Description   string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreatedBy     string                 `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlertWebhook) Reset() {
+	*x = AlertWebhook{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlertWebhook) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlertWebhook) ProtoMessage() {}
+
+func (x *AlertWebhook) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlertWebhook.ProtoReflect.Descriptor instead.
+func (*AlertWebhook) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AlertWebhook) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AlertWebhook) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *AlertWebhook) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *AlertWebhook) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *AlertWebhook) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *AlertWebhook) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+type CreateAlertWebhookRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Default: the caller's org.
+	OrgId         string `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	Url           string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAlertWebhookRequest) Reset() {
+	*x = CreateAlertWebhookRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAlertWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAlertWebhookRequest) ProtoMessage() {}
+
+func (x *CreateAlertWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAlertWebhookRequest.ProtoReflect.Descriptor instead.
+func (*CreateAlertWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CreateAlertWebhookRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *CreateAlertWebhookRequest) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *CreateAlertWebhookRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+type CreateAlertWebhookResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Webhook *AlertWebhook          `protobuf:"bytes,1,opt,name=webhook,proto3" json:"webhook,omitempty"`
+	// The signing secret ("whsec_" + base64 of 32 bytes). Shown once.
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateAlertWebhookResponse) Reset() {
+	*x = CreateAlertWebhookResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateAlertWebhookResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateAlertWebhookResponse) ProtoMessage() {}
+
+func (x *CreateAlertWebhookResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateAlertWebhookResponse.ProtoReflect.Descriptor instead.
+func (*CreateAlertWebhookResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CreateAlertWebhookResponse) GetWebhook() *AlertWebhook {
+	if x != nil {
+		return x.Webhook
+	}
+	return nil
+}
+
+func (x *CreateAlertWebhookResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type ListAlertWebhooksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Default: every org the caller may see.
+	OrgId         string `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	PageSize      int32  `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAlertWebhooksRequest) Reset() {
+	*x = ListAlertWebhooksRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAlertWebhooksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAlertWebhooksRequest) ProtoMessage() {}
+
+func (x *ListAlertWebhooksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAlertWebhooksRequest.ProtoReflect.Descriptor instead.
+func (*ListAlertWebhooksRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListAlertWebhooksRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *ListAlertWebhooksRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAlertWebhooksRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListAlertWebhooksResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Webhooks      []*AlertWebhook        `protobuf:"bytes,1,rep,name=webhooks,proto3" json:"webhooks,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAlertWebhooksResponse) Reset() {
+	*x = ListAlertWebhooksResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAlertWebhooksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAlertWebhooksResponse) ProtoMessage() {}
+
+func (x *ListAlertWebhooksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAlertWebhooksResponse.ProtoReflect.Descriptor instead.
+func (*ListAlertWebhooksResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListAlertWebhooksResponse) GetWebhooks() []*AlertWebhook {
+	if x != nil {
+		return x.Webhooks
+	}
+	return nil
+}
+
+func (x *ListAlertWebhooksResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type DeleteAlertWebhookRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAlertWebhookRequest) Reset() {
+	*x = DeleteAlertWebhookRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAlertWebhookRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAlertWebhookRequest) ProtoMessage() {}
+
+func (x *DeleteAlertWebhookRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAlertWebhookRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAlertWebhookRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeleteAlertWebhookRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteAlertWebhookResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAlertWebhookResponse) Reset() {
+	*x = DeleteAlertWebhookResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAlertWebhookResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAlertWebhookResponse) ProtoMessage() {}
+
+func (x *DeleteAlertWebhookResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAlertWebhookResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAlertWebhookResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{7}
+}
+
+// AlertDelivery is one alert to one webhook.
+type AlertDelivery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sent as the webhook-id header: the same for every attempt, so a
+	// receiver drops repeats.
+	DeliveryId string `protobuf:"bytes,1,opt,name=delivery_id,json=deliveryId,proto3" json:"delivery_id,omitempty"`
+	AlertId    string `protobuf:"bytes,2,opt,name=alert_id,json=alertId,proto3" json:"alert_id,omitempty"`
+	WebhookId  string `protobuf:"bytes,3,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	OrgId      string `protobuf:"bytes,4,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// "pending", "delivered" or "dead".
+	State           string                 `protobuf:"bytes,5,opt,name=state,proto3" json:"state,omitempty"`
+	Attempts        int32                  `protobuf:"varint,6,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	NextAttemptTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=next_attempt_time,json=nextAttemptTime,proto3" json:"next_attempt_time,omitempty"`
+	// The last failure: an HTTP status or a transport error.
+	LastError     string                 `protobuf:"bytes,8,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	DeliveredTime *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=delivered_time,json=deliveredTime,proto3" json:"delivered_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AlertDelivery) Reset() {
+	*x = AlertDelivery{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AlertDelivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AlertDelivery) ProtoMessage() {}
+
+func (x *AlertDelivery) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AlertDelivery.ProtoReflect.Descriptor instead.
+func (*AlertDelivery) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *AlertDelivery) GetDeliveryId() string {
+	if x != nil {
+		return x.DeliveryId
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetAlertId() string {
+	if x != nil {
+		return x.AlertId
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetAttempts() int32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *AlertDelivery) GetNextAttemptTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextAttemptTime
+	}
+	return nil
+}
+
+func (x *AlertDelivery) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *AlertDelivery) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *AlertDelivery) GetDeliveredTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliveredTime
+	}
+	return nil
+}
+
+type ListAlertDeliveriesRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	OrgId     string                 `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	WebhookId string                 `protobuf:"bytes,2,opt,name=webhook_id,json=webhookId,proto3" json:"webhook_id,omitempty"`
+	// "pending", "delivered" or "dead" (the dead-letter list); empty: all.
+	State         string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	PageSize      int32  `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAlertDeliveriesRequest) Reset() {
+	*x = ListAlertDeliveriesRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAlertDeliveriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAlertDeliveriesRequest) ProtoMessage() {}
+
+func (x *ListAlertDeliveriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAlertDeliveriesRequest.ProtoReflect.Descriptor instead.
+func (*ListAlertDeliveriesRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ListAlertDeliveriesRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *ListAlertDeliveriesRequest) GetWebhookId() string {
+	if x != nil {
+		return x.WebhookId
+	}
+	return ""
+}
+
+func (x *ListAlertDeliveriesRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ListAlertDeliveriesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAlertDeliveriesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListAlertDeliveriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Newest first.
+	Deliveries    []*AlertDelivery `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	NextPageToken string           `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAlertDeliveriesResponse) Reset() {
+	*x = ListAlertDeliveriesResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAlertDeliveriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAlertDeliveriesResponse) ProtoMessage() {}
+
+func (x *ListAlertDeliveriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAlertDeliveriesResponse.ProtoReflect.Descriptor instead.
+func (*ListAlertDeliveriesResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListAlertDeliveriesResponse) GetDeliveries() []*AlertDelivery {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
+
+func (x *ListAlertDeliveriesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type RetryAlertDeliveryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeliveryId    string                 `protobuf:"bytes,1,opt,name=delivery_id,json=deliveryId,proto3" json:"delivery_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryAlertDeliveryRequest) Reset() {
+	*x = RetryAlertDeliveryRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryAlertDeliveryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryAlertDeliveryRequest) ProtoMessage() {}
+
+func (x *RetryAlertDeliveryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryAlertDeliveryRequest.ProtoReflect.Descriptor instead.
+func (*RetryAlertDeliveryRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RetryAlertDeliveryRequest) GetDeliveryId() string {
+	if x != nil {
+		return x.DeliveryId
+	}
+	return ""
+}
+
+type RetryAlertDeliveryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Delivery      *AlertDelivery         `protobuf:"bytes,1,opt,name=delivery,proto3" json:"delivery,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetryAlertDeliveryResponse) Reset() {
+	*x = RetryAlertDeliveryResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetryAlertDeliveryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetryAlertDeliveryResponse) ProtoMessage() {}
+
+func (x *RetryAlertDeliveryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetryAlertDeliveryResponse.ProtoReflect.Descriptor instead.
+func (*RetryAlertDeliveryResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RetryAlertDeliveryResponse) GetDelivery() *AlertDelivery {
+	if x != nil {
+		return x.Delivery
+	}
+	return nil
+}
+
 type ListAlertsRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	PageSize  int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
@@ -196,7 +929,7 @@ type ListAlertsRequest struct {
 
 func (x *ListAlertsRequest) Reset() {
 	*x = ListAlertsRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +941,7 @@ func (x *ListAlertsRequest) String() string {
 func (*ListAlertsRequest) ProtoMessage() {}
 
 func (x *ListAlertsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +954,7 @@ func (x *ListAlertsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertsRequest.ProtoReflect.Descriptor instead.
 func (*ListAlertsRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{1}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListAlertsRequest) GetPageSize() int32 {
@@ -284,7 +1017,7 @@ type ListAlertsResponse struct {
 
 func (x *ListAlertsResponse) Reset() {
 	*x = ListAlertsResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +1029,7 @@ func (x *ListAlertsResponse) String() string {
 func (*ListAlertsResponse) ProtoMessage() {}
 
 func (x *ListAlertsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +1042,7 @@ func (x *ListAlertsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertsResponse.ProtoReflect.Descriptor instead.
 func (*ListAlertsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{2}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListAlertsResponse) GetAlerts() []*Alert {
@@ -348,7 +1081,68 @@ const file_sluice_admin_v1_alert_proto_rawDesc = "" +
 	"\fwindow_start\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x12\x16\n" +
 	"\x06region\x18\r \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x0e \x01(\tR\trequestId\"\xeb\x01\n" +
+	"request_id\x18\x0e \x01(\tR\trequestId\"\xc5\x01\n" +
+	"\fAlertWebhook\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12;\n" +
+	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\x06 \x01(\tR\tcreatedBy\"f\n" +
+	"\x19CreateAlertWebhookRequest\x12\x15\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"m\n" +
+	"\x1aCreateAlertWebhookResponse\x127\n" +
+	"\awebhook\x18\x01 \x01(\v2\x1d.sluice.admin.v1.AlertWebhookR\awebhook\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"m\n" +
+	"\x18ListAlertWebhooksRequest\x12\x15\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"~\n" +
+	"\x19ListAlertWebhooksResponse\x129\n" +
+	"\bwebhooks\x18\x01 \x03(\v2\x1d.sluice.admin.v1.AlertWebhookR\bwebhooks\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"+\n" +
+	"\x19DeleteAlertWebhookRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x1c\n" +
+	"\x1aDeleteAlertWebhookResponse\"\x9a\x03\n" +
+	"\rAlertDelivery\x12\x1f\n" +
+	"\vdelivery_id\x18\x01 \x01(\tR\n" +
+	"deliveryId\x12\x19\n" +
+	"\balert_id\x18\x02 \x01(\tR\aalertId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x03 \x01(\tR\twebhookId\x12\x15\n" +
+	"\x06org_id\x18\x04 \x01(\tR\x05orgId\x12\x14\n" +
+	"\x05state\x18\x05 \x01(\tR\x05state\x12\x1a\n" +
+	"\battempts\x18\x06 \x01(\x05R\battempts\x12F\n" +
+	"\x11next_attempt_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x0fnextAttemptTime\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\b \x01(\tR\tlastError\x12;\n" +
+	"\vcreate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12A\n" +
+	"\x0edelivered_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\rdeliveredTime\"\xa4\x01\n" +
+	"\x1aListAlertDeliveriesRequest\x12\x15\n" +
+	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x1d\n" +
+	"\n" +
+	"webhook_id\x18\x02 \x01(\tR\twebhookId\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\"\x85\x01\n" +
+	"\x1bListAlertDeliveriesResponse\x12>\n" +
+	"\n" +
+	"deliveries\x18\x01 \x03(\v2\x1e.sluice.admin.v1.AlertDeliveryR\n" +
+	"deliveries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"<\n" +
+	"\x19RetryAlertDeliveryRequest\x12\x1f\n" +
+	"\vdelivery_id\x18\x01 \x01(\tR\n" +
+	"deliveryId\"X\n" +
+	"\x1aRetryAlertDeliveryResponse\x12:\n" +
+	"\bdelivery\x18\x01 \x01(\v2\x1e.sluice.admin.v1.AlertDeliveryR\bdelivery\"\xeb\x01\n" +
 	"\x11ListAlertsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
@@ -361,10 +1155,15 @@ const file_sluice_admin_v1_alert_proto_rawDesc = "" +
 	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"l\n" +
 	"\x12ListAlertsResponse\x12.\n" +
 	"\x06alerts\x18\x01 \x03(\v2\x16.sluice.admin.v1.AlertR\x06alerts\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2j\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\x9f\x05\n" +
 	"\fAlertService\x12Z\n" +
 	"\n" +
-	"ListAlerts\x12\".sluice.admin.v1.ListAlertsRequest\x1a#.sluice.admin.v1.ListAlertsResponse\"\x03\x90\x02\x01B>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
+	"ListAlerts\x12\".sluice.admin.v1.ListAlertsRequest\x1a#.sluice.admin.v1.ListAlertsResponse\"\x03\x90\x02\x01\x12m\n" +
+	"\x12CreateAlertWebhook\x12*.sluice.admin.v1.CreateAlertWebhookRequest\x1a+.sluice.admin.v1.CreateAlertWebhookResponse\x12o\n" +
+	"\x11ListAlertWebhooks\x12).sluice.admin.v1.ListAlertWebhooksRequest\x1a*.sluice.admin.v1.ListAlertWebhooksResponse\"\x03\x90\x02\x01\x12m\n" +
+	"\x12DeleteAlertWebhook\x12*.sluice.admin.v1.DeleteAlertWebhookRequest\x1a+.sluice.admin.v1.DeleteAlertWebhookResponse\x12u\n" +
+	"\x13ListAlertDeliveries\x12+.sluice.admin.v1.ListAlertDeliveriesRequest\x1a,.sluice.admin.v1.ListAlertDeliveriesResponse\"\x03\x90\x02\x01\x12m\n" +
+	"\x12RetryAlertDelivery\x12*.sluice.admin.v1.RetryAlertDeliveryRequest\x1a+.sluice.admin.v1.RetryAlertDeliveryResponseB>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_sluice_admin_v1_alert_proto_rawDescOnce sync.Once
@@ -378,25 +1177,55 @@ func file_sluice_admin_v1_alert_proto_rawDescGZIP() []byte {
 	return file_sluice_admin_v1_alert_proto_rawDescData
 }
 
-var file_sluice_admin_v1_alert_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_sluice_admin_v1_alert_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_sluice_admin_v1_alert_proto_goTypes = []any{
-	(*Alert)(nil),                 // 0: sluice.admin.v1.Alert
-	(*ListAlertsRequest)(nil),     // 1: sluice.admin.v1.ListAlertsRequest
-	(*ListAlertsResponse)(nil),    // 2: sluice.admin.v1.ListAlertsResponse
-	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
+	(*Alert)(nil),                       // 0: sluice.admin.v1.Alert
+	(*AlertWebhook)(nil),                // 1: sluice.admin.v1.AlertWebhook
+	(*CreateAlertWebhookRequest)(nil),   // 2: sluice.admin.v1.CreateAlertWebhookRequest
+	(*CreateAlertWebhookResponse)(nil),  // 3: sluice.admin.v1.CreateAlertWebhookResponse
+	(*ListAlertWebhooksRequest)(nil),    // 4: sluice.admin.v1.ListAlertWebhooksRequest
+	(*ListAlertWebhooksResponse)(nil),   // 5: sluice.admin.v1.ListAlertWebhooksResponse
+	(*DeleteAlertWebhookRequest)(nil),   // 6: sluice.admin.v1.DeleteAlertWebhookRequest
+	(*DeleteAlertWebhookResponse)(nil),  // 7: sluice.admin.v1.DeleteAlertWebhookResponse
+	(*AlertDelivery)(nil),               // 8: sluice.admin.v1.AlertDelivery
+	(*ListAlertDeliveriesRequest)(nil),  // 9: sluice.admin.v1.ListAlertDeliveriesRequest
+	(*ListAlertDeliveriesResponse)(nil), // 10: sluice.admin.v1.ListAlertDeliveriesResponse
+	(*RetryAlertDeliveryRequest)(nil),   // 11: sluice.admin.v1.RetryAlertDeliveryRequest
+	(*RetryAlertDeliveryResponse)(nil),  // 12: sluice.admin.v1.RetryAlertDeliveryResponse
+	(*ListAlertsRequest)(nil),           // 13: sluice.admin.v1.ListAlertsRequest
+	(*ListAlertsResponse)(nil),          // 14: sluice.admin.v1.ListAlertsResponse
+	(*timestamppb.Timestamp)(nil),       // 15: google.protobuf.Timestamp
 }
 var file_sluice_admin_v1_alert_proto_depIdxs = []int32{
-	3, // 0: sluice.admin.v1.Alert.time:type_name -> google.protobuf.Timestamp
-	3, // 1: sluice.admin.v1.Alert.window_start:type_name -> google.protobuf.Timestamp
-	3, // 2: sluice.admin.v1.ListAlertsRequest.since:type_name -> google.protobuf.Timestamp
-	0, // 3: sluice.admin.v1.ListAlertsResponse.alerts:type_name -> sluice.admin.v1.Alert
-	1, // 4: sluice.admin.v1.AlertService.ListAlerts:input_type -> sluice.admin.v1.ListAlertsRequest
-	2, // 5: sluice.admin.v1.AlertService.ListAlerts:output_type -> sluice.admin.v1.ListAlertsResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	15, // 0: sluice.admin.v1.Alert.time:type_name -> google.protobuf.Timestamp
+	15, // 1: sluice.admin.v1.Alert.window_start:type_name -> google.protobuf.Timestamp
+	15, // 2: sluice.admin.v1.AlertWebhook.create_time:type_name -> google.protobuf.Timestamp
+	1,  // 3: sluice.admin.v1.CreateAlertWebhookResponse.webhook:type_name -> sluice.admin.v1.AlertWebhook
+	1,  // 4: sluice.admin.v1.ListAlertWebhooksResponse.webhooks:type_name -> sluice.admin.v1.AlertWebhook
+	15, // 5: sluice.admin.v1.AlertDelivery.next_attempt_time:type_name -> google.protobuf.Timestamp
+	15, // 6: sluice.admin.v1.AlertDelivery.create_time:type_name -> google.protobuf.Timestamp
+	15, // 7: sluice.admin.v1.AlertDelivery.delivered_time:type_name -> google.protobuf.Timestamp
+	8,  // 8: sluice.admin.v1.ListAlertDeliveriesResponse.deliveries:type_name -> sluice.admin.v1.AlertDelivery
+	8,  // 9: sluice.admin.v1.RetryAlertDeliveryResponse.delivery:type_name -> sluice.admin.v1.AlertDelivery
+	15, // 10: sluice.admin.v1.ListAlertsRequest.since:type_name -> google.protobuf.Timestamp
+	0,  // 11: sluice.admin.v1.ListAlertsResponse.alerts:type_name -> sluice.admin.v1.Alert
+	13, // 12: sluice.admin.v1.AlertService.ListAlerts:input_type -> sluice.admin.v1.ListAlertsRequest
+	2,  // 13: sluice.admin.v1.AlertService.CreateAlertWebhook:input_type -> sluice.admin.v1.CreateAlertWebhookRequest
+	4,  // 14: sluice.admin.v1.AlertService.ListAlertWebhooks:input_type -> sluice.admin.v1.ListAlertWebhooksRequest
+	6,  // 15: sluice.admin.v1.AlertService.DeleteAlertWebhook:input_type -> sluice.admin.v1.DeleteAlertWebhookRequest
+	9,  // 16: sluice.admin.v1.AlertService.ListAlertDeliveries:input_type -> sluice.admin.v1.ListAlertDeliveriesRequest
+	11, // 17: sluice.admin.v1.AlertService.RetryAlertDelivery:input_type -> sluice.admin.v1.RetryAlertDeliveryRequest
+	14, // 18: sluice.admin.v1.AlertService.ListAlerts:output_type -> sluice.admin.v1.ListAlertsResponse
+	3,  // 19: sluice.admin.v1.AlertService.CreateAlertWebhook:output_type -> sluice.admin.v1.CreateAlertWebhookResponse
+	5,  // 20: sluice.admin.v1.AlertService.ListAlertWebhooks:output_type -> sluice.admin.v1.ListAlertWebhooksResponse
+	7,  // 21: sluice.admin.v1.AlertService.DeleteAlertWebhook:output_type -> sluice.admin.v1.DeleteAlertWebhookResponse
+	10, // 22: sluice.admin.v1.AlertService.ListAlertDeliveries:output_type -> sluice.admin.v1.ListAlertDeliveriesResponse
+	12, // 23: sluice.admin.v1.AlertService.RetryAlertDelivery:output_type -> sluice.admin.v1.RetryAlertDeliveryResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_alert_proto_init() }
@@ -410,7 +1239,7 @@ func file_sluice_admin_v1_alert_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_alert_proto_rawDesc), len(file_sluice_admin_v1_alert_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -331,7 +331,12 @@ func (x *ListAuditEventsResponse) GetNextPageToken() string {
 }
 
 type VerifyAuditChainRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Records to check in this call (default 10000, at most 50000).
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous call; empty to start at the first
+	// record.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -366,15 +371,35 @@ func (*VerifyAuditChainRequest) Descriptor() ([]byte, []int) {
 	return file_sluice_admin_v1_audit_proto_rawDescGZIP(), []int{3}
 }
 
+func (x *VerifyAuditChainRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *VerifyAuditChainRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type VerifyAuditChainResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Ok    bool                   `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
-	// Records checked.
+	// No broken link in this page (and, on the last page of a platform
+	// verification, the chain head matches).
+	Ok bool `protobuf:"varint,1,opt,name=ok,proto3" json:"ok,omitempty"`
+	// Records checked in this call.
 	Checked int64 `protobuf:"varint,2,opt,name=checked,proto3" json:"checked,omitempty"`
 	// Sequence number of the first broken link when ok is false.
 	BrokenSeq int64 `protobuf:"varint,3,opt,name=broken_seq,json=brokenSeq,proto3" json:"broken_seq,omitempty"`
 	// What is wrong with it.
-	Problem       string `protobuf:"bytes,4,opt,name=problem,proto3" json:"problem,omitempty"`
+	Problem string `protobuf:"bytes,4,opt,name=problem,proto3" json:"problem,omitempty"`
+	// Set while records remain to be checked (and ok is true): pass it as
+	// page_token to continue. The verification covers the chain as it is
+	// when each page is read.
+	NextPageToken string `protobuf:"bytes,5,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -437,6 +462,13 @@ func (x *VerifyAuditChainResponse) GetProblem() string {
 	return ""
 }
 
+func (x *VerifyAuditChainResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_sluice_admin_v1_audit_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_audit_proto_rawDesc = "" +
@@ -477,14 +509,18 @@ const file_sluice_admin_v1_audit_proto_rawDesc = "" +
 	"\bend_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"v\n" +
 	"\x17ListAuditEventsResponse\x123\n" +
 	"\x06events\x18\x01 \x03(\v2\x1b.sluice.admin.v1.AuditEventR\x06events\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x19\n" +
-	"\x17VerifyAuditChainRequest\"}\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"U\n" +
+	"\x17VerifyAuditChainRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xa5\x01\n" +
 	"\x18VerifyAuditChainResponse\x12\x0e\n" +
 	"\x02ok\x18\x01 \x01(\bR\x02ok\x12\x18\n" +
 	"\achecked\x18\x02 \x01(\x03R\achecked\x12\x1d\n" +
 	"\n" +
 	"broken_seq\x18\x03 \x01(\x03R\tbrokenSeq\x12\x18\n" +
-	"\aproblem\x18\x04 \x01(\tR\aproblem2\xe7\x01\n" +
+	"\aproblem\x18\x04 \x01(\tR\aproblem\x12&\n" +
+	"\x0fnext_page_token\x18\x05 \x01(\tR\rnextPageToken2\xe7\x01\n" +
 	"\fAuditService\x12i\n" +
 	"\x0fListAuditEvents\x12'.sluice.admin.v1.ListAuditEventsRequest\x1a(.sluice.admin.v1.ListAuditEventsResponse\"\x03\x90\x02\x01\x12l\n" +
 	"\x10VerifyAuditChain\x12(.sluice.admin.v1.VerifyAuditChainRequest\x1a).sluice.admin.v1.VerifyAuditChainResponse\"\x03\x90\x02\x01B>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"

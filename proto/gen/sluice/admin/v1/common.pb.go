@@ -224,6 +224,52 @@ func (x *Limits) GetRateLimitFallback() string {
 	return ""
 }
 
+// ModelGroupFallbacks is an ordered list of fallback model groups
+// (docs/resilience.md, "Fallbacks").
+type ModelGroupFallbacks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ModelGroups   []string               `protobuf:"bytes,1,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupFallbacks) Reset() {
+	*x = ModelGroupFallbacks{}
+	mi := &file_sluice_admin_v1_common_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupFallbacks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupFallbacks) ProtoMessage() {}
+
+func (x *ModelGroupFallbacks) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_common_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupFallbacks.ProtoReflect.Descriptor instead.
+func (*ModelGroupFallbacks) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_common_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ModelGroupFallbacks) GetModelGroups() []string {
+	if x != nil {
+		return x.ModelGroups
+	}
+	return nil
+}
+
 var File_sluice_admin_v1_common_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_common_proto_rawDesc = "" +
@@ -259,7 +305,9 @@ const file_sluice_admin_v1_common_proto_rawDesc = "" +
 	"_rpm_limitB\f\n" +
 	"\n" +
 	"_tpm_limitB\x18\n" +
-	"\x16_max_parallel_requests*~\n" +
+	"\x16_max_parallel_requests\"8\n" +
+	"\x13ModelGroupFallbacks\x12!\n" +
+	"\fmodel_groups\x18\x01 \x03(\tR\vmodelGroups*~\n" +
 	"\fTrafficClass\x12\x1d\n" +
 	"\x19TRAFFIC_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TRAFFIC_CLASS_INTERACTIVE\x10\x01\x12\x17\n" +
@@ -279,18 +327,19 @@ func file_sluice_admin_v1_common_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_admin_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_admin_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_sluice_admin_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_sluice_admin_v1_common_proto_goTypes = []any{
-	(TrafficClass)(0), // 0: sluice.admin.v1.TrafficClass
-	(*Limits)(nil),    // 1: sluice.admin.v1.Limits
-	nil,               // 2: sluice.admin.v1.Limits.ModelMaxBudgetEntry
-	nil,               // 3: sluice.admin.v1.Limits.ModelRpmLimitEntry
-	nil,               // 4: sluice.admin.v1.Limits.ModelTpmLimitEntry
+	(TrafficClass)(0),           // 0: sluice.admin.v1.TrafficClass
+	(*Limits)(nil),              // 1: sluice.admin.v1.Limits
+	(*ModelGroupFallbacks)(nil), // 2: sluice.admin.v1.ModelGroupFallbacks
+	nil,                         // 3: sluice.admin.v1.Limits.ModelMaxBudgetEntry
+	nil,                         // 4: sluice.admin.v1.Limits.ModelRpmLimitEntry
+	nil,                         // 5: sluice.admin.v1.Limits.ModelTpmLimitEntry
 }
 var file_sluice_admin_v1_common_proto_depIdxs = []int32{
-	2, // 0: sluice.admin.v1.Limits.model_max_budget:type_name -> sluice.admin.v1.Limits.ModelMaxBudgetEntry
-	3, // 1: sluice.admin.v1.Limits.model_rpm_limit:type_name -> sluice.admin.v1.Limits.ModelRpmLimitEntry
-	4, // 2: sluice.admin.v1.Limits.model_tpm_limit:type_name -> sluice.admin.v1.Limits.ModelTpmLimitEntry
+	3, // 0: sluice.admin.v1.Limits.model_max_budget:type_name -> sluice.admin.v1.Limits.ModelMaxBudgetEntry
+	4, // 1: sluice.admin.v1.Limits.model_rpm_limit:type_name -> sluice.admin.v1.Limits.ModelRpmLimitEntry
+	5, // 2: sluice.admin.v1.Limits.model_tpm_limit:type_name -> sluice.admin.v1.Limits.ModelTpmLimitEntry
 	3, // [3:3] is the sub-list for method output_type
 	3, // [3:3] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
@@ -310,7 +359,7 @@ func file_sluice_admin_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_common_proto_rawDesc), len(file_sluice_admin_v1_common_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -82,16 +82,23 @@ type DataPlane struct {
 	Region         string                 `protobuf:"bytes,2,opt,name=region,proto3" json:"region,omitempty"`
 	AppliedVersion uint64                 `protobuf:"varint,3,opt,name=applied_version,json=appliedVersion,proto3" json:"applied_version,omitempty"`
 	EventsSeq      uint64                 `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
-	// "ok", "stale" or "starting" as the instance reports it; "lost" when no
-	// heartbeat arrived for three heartbeat intervals.
+	// "ok", "stale", "rejecting" or "starting" as the instance reports it;
+	// "lost" when no heartbeat arrived for three heartbeat intervals.
 	Health   string                 `protobuf:"bytes,5,opt,name=health,proto3" json:"health,omitempty"`
 	InFlight int64                  `protobuf:"varint,6,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	LastSeen *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
 	// Seconds since the instance last heard from the control plane.
 	StalenessSeconds  float64             `protobuf:"fixed64,8,opt,name=staleness_seconds,json=stalenessSeconds,proto3" json:"staleness_seconds,omitempty"`
 	RejectedSnapshots []*RejectedSnapshot `protobuf:"bytes,9,rep,name=rejected_snapshots,json=rejectedSnapshots,proto3" json:"rejected_snapshots,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set while the instance refuses the snapshot its region's pointer names
+	// and runs an older one ("rejecting control plane: version N < running
+	// M"); absent otherwise.
+	Rejecting *Rejecting `protobuf:"bytes,10,opt,name=rejecting,proto3" json:"rejecting,omitempty"`
+	// Deployments the instance keeps out of rotation right now, as of its
+	// last heartbeat (docs/resilience.md).
+	EjectedDeployments []*EjectedDeployment `protobuf:"bytes,180,rep,name=ejected_deployments,json=ejectedDeployments,proto3" json:"ejected_deployments,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DataPlane) Reset() {
@@ -187,6 +194,173 @@ func (x *DataPlane) GetRejectedSnapshots() []*RejectedSnapshot {
 	return nil
 }
 
+func (x *DataPlane) GetRejecting() *Rejecting {
+	if x != nil {
+		return x.Rejecting
+	}
+	return nil
+}
+
+func (x *DataPlane) GetEjectedDeployments() []*EjectedDeployment {
+	if x != nil {
+		return x.EjectedDeployments
+	}
+	return nil
+}
+
+// EjectedDeployment is a deployment out of one instance's rotation.
+type EjectedDeployment struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DeploymentId string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
+	ModelGroup   string                 `protobuf:"bytes,2,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	// "ejected" (consecutive failures or stream cuts), "parked" (an
+	// engine's Retry-After) or "health_check" (active health check down).
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When it returns; unset for "health_check" (until a probe passes).
+	Until         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EjectedDeployment) Reset() {
+	*x = EjectedDeployment{}
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EjectedDeployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EjectedDeployment) ProtoMessage() {}
+
+func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EjectedDeployment.ProtoReflect.Descriptor instead.
+func (*EjectedDeployment) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EjectedDeployment) GetDeploymentId() string {
+	if x != nil {
+		return x.DeploymentId
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+// Rejecting is an instance refusing its region's current snapshot.
+type Rejecting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version the region's pointer names (0 when the pointer does not decode).
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Version the instance runs.
+	RunningVersion uint64                 `protobuf:"varint,2,opt,name=running_version,json=runningVersion,proto3" json:"running_version,omitempty"`
+	Reason         string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Since          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	// True once it has lasted longer than the instance's bound
+	// (--max-rejecting): its /readyz fails and its health is "rejecting".
+	PastBound     bool `protobuf:"varint,5,opt,name=past_bound,json=pastBound,proto3" json:"past_bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rejecting) Reset() {
+	*x = Rejecting{}
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rejecting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rejecting) ProtoMessage() {}
+
+func (x *Rejecting) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rejecting.ProtoReflect.Descriptor instead.
+func (*Rejecting) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Rejecting) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Rejecting) GetRunningVersion() uint64 {
+	if x != nil {
+		return x.RunningVersion
+	}
+	return 0
+}
+
+func (x *Rejecting) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Rejecting) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *Rejecting) GetPastBound() bool {
+	if x != nil {
+		return x.PastBound
+	}
+	return false
+}
+
 // RejectedSnapshot is a snapshot a data plane refused to apply.
 type RejectedSnapshot struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -199,7 +373,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +385,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +398,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -257,7 +431,7 @@ type ListDataPlanesRequest struct {
 
 func (x *ListDataPlanesRequest) Reset() {
 	*x = ListDataPlanesRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -269,7 +443,7 @@ func (x *ListDataPlanesRequest) String() string {
 func (*ListDataPlanesRequest) ProtoMessage() {}
 
 func (x *ListDataPlanesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -282,7 +456,7 @@ func (x *ListDataPlanesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDataPlanesRequest.ProtoReflect.Descriptor instead.
 func (*ListDataPlanesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListDataPlanesRequest) GetRegion() string {
@@ -301,7 +475,7 @@ type ListDataPlanesResponse struct {
 
 func (x *ListDataPlanesResponse) Reset() {
 	*x = ListDataPlanesResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +487,7 @@ func (x *ListDataPlanesResponse) String() string {
 func (*ListDataPlanesResponse) ProtoMessage() {}
 
 func (x *ListDataPlanesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +500,7 @@ func (x *ListDataPlanesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDataPlanesResponse.ProtoReflect.Descriptor instead.
 func (*ListDataPlanesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListDataPlanesResponse) GetDataPlanes() []*DataPlane {
@@ -350,7 +524,7 @@ type Region struct {
 
 func (x *Region) Reset() {
 	*x = Region{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +536,7 @@ func (x *Region) String() string {
 func (*Region) ProtoMessage() {}
 
 func (x *Region) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +549,7 @@ func (x *Region) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Region.ProtoReflect.Descriptor instead.
 func (*Region) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Region) GetName() string {
@@ -420,7 +594,7 @@ type ConfigVersion struct {
 
 func (x *ConfigVersion) Reset() {
 	*x = ConfigVersion{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -432,7 +606,7 @@ func (x *ConfigVersion) String() string {
 func (*ConfigVersion) ProtoMessage() {}
 
 func (x *ConfigVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -445,7 +619,7 @@ func (x *ConfigVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigVersion.ProtoReflect.Descriptor instead.
 func (*ConfigVersion) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConfigVersion) GetVersion() uint64 {
@@ -493,7 +667,7 @@ type UpsertRegionRequest struct {
 
 func (x *UpsertRegionRequest) Reset() {
 	*x = UpsertRegionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +679,7 @@ func (x *UpsertRegionRequest) String() string {
 func (*UpsertRegionRequest) ProtoMessage() {}
 
 func (x *UpsertRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +692,7 @@ func (x *UpsertRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertRegionRequest.ProtoReflect.Descriptor instead.
 func (*UpsertRegionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UpsertRegionRequest) GetName() string {
@@ -544,7 +718,7 @@ type UpsertRegionResponse struct {
 
 func (x *UpsertRegionResponse) Reset() {
 	*x = UpsertRegionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +730,7 @@ func (x *UpsertRegionResponse) String() string {
 func (*UpsertRegionResponse) ProtoMessage() {}
 
 func (x *UpsertRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +743,7 @@ func (x *UpsertRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertRegionResponse.ProtoReflect.Descriptor instead.
 func (*UpsertRegionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpsertRegionResponse) GetRegion() *Region {
@@ -587,7 +761,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +773,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +786,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
 }
 
 type RegionStatus struct {
@@ -626,7 +800,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -638,7 +812,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -651,7 +825,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegionStatus) GetRegion() *Region {
@@ -671,15 +845,18 @@ func (x *RegionStatus) GetDataPlanes() []*DataPlane {
 type GetRolloutStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Newest compiled version.
-	Latest        *ConfigVersion  `protobuf:"bytes,1,opt,name=latest,proto3" json:"latest,omitempty"`
-	Regions       []*RegionStatus `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	Latest  *ConfigVersion  `protobuf:"bytes,1,opt,name=latest,proto3" json:"latest,omitempty"`
+	Regions []*RegionStatus `protobuf:"bytes,2,rep,name=regions,proto3" json:"regions,omitempty"`
+	// The current distribution epoch; absent while the database numbers
+	// versions from its own first one (epoch 0).
+	Epoch         *DistributionEpoch `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetRolloutStatusResponse) Reset() {
 	*x = GetRolloutStatusResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +868,7 @@ func (x *GetRolloutStatusResponse) String() string {
 func (*GetRolloutStatusResponse) ProtoMessage() {}
 
 func (x *GetRolloutStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +881,7 @@ func (x *GetRolloutStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetRolloutStatusResponse) GetLatest() *ConfigVersion {
@@ -721,6 +898,115 @@ func (x *GetRolloutStatusResponse) GetRegions() []*RegionStatus {
 	return nil
 }
 
+func (x *GetRolloutStatusResponse) GetEpoch() *DistributionEpoch {
+	if x != nil {
+		return x.Epoch
+	}
+	return nil
+}
+
+// DistributionEpoch is a renumbering of config versions and event
+// sequences above what JetStream held when the control plane found its
+// database behind it (a restored or replaced database). Versions older
+// than first_version belong to the abandoned history: they cannot be
+// promoted or rolled back to.
+type DistributionEpoch struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Epoch     uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Versions of this epoch are above version_floor; 0 until compiled.
+	VersionFloor uint64 `protobuf:"varint,3,opt,name=version_floor,json=versionFloor,proto3" json:"version_floor,omitempty"`
+	FirstVersion uint64 `protobuf:"varint,4,opt,name=first_version,json=firstVersion,proto3" json:"first_version,omitempty"`
+	// Event (outbox) sequences of this epoch are above events_floor.
+	EventsFloor uint64 `protobuf:"varint,5,opt,name=events_floor,json=eventsFloor,proto3" json:"events_floor,omitempty"`
+	// What JetStream held that the database did not know.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Revocations of the abandoned history this epoch re-applied (blocks of
+	// keys, users, teams, orgs and customers the database did not have).
+	Reapplied     []string `protobuf:"bytes,7,rep,name=reapplied,proto3" json:"reapplied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DistributionEpoch) Reset() {
+	*x = DistributionEpoch{}
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DistributionEpoch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DistributionEpoch) ProtoMessage() {}
+
+func (x *DistributionEpoch) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DistributionEpoch.ProtoReflect.Descriptor instead.
+func (*DistributionEpoch) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DistributionEpoch) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DistributionEpoch) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *DistributionEpoch) GetVersionFloor() uint64 {
+	if x != nil {
+		return x.VersionFloor
+	}
+	return 0
+}
+
+func (x *DistributionEpoch) GetFirstVersion() uint64 {
+	if x != nil {
+		return x.FirstVersion
+	}
+	return 0
+}
+
+func (x *DistributionEpoch) GetEventsFloor() uint64 {
+	if x != nil {
+		return x.EventsFloor
+	}
+	return 0
+}
+
+func (x *DistributionEpoch) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DistributionEpoch) GetReapplied() []string {
+	if x != nil {
+		return x.Reapplied
+	}
+	return nil
+}
+
 type PromoteVersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Region        string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
@@ -731,7 +1017,7 @@ type PromoteVersionRequest struct {
 
 func (x *PromoteVersionRequest) Reset() {
 	*x = PromoteVersionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +1029,7 @@ func (x *PromoteVersionRequest) String() string {
 func (*PromoteVersionRequest) ProtoMessage() {}
 
 func (x *PromoteVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +1042,7 @@ func (x *PromoteVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteVersionRequest.ProtoReflect.Descriptor instead.
 func (*PromoteVersionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PromoteVersionRequest) GetRegion() string {
@@ -782,7 +1068,7 @@ type PromoteVersionResponse struct {
 
 func (x *PromoteVersionResponse) Reset() {
 	*x = PromoteVersionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +1080,7 @@ func (x *PromoteVersionResponse) String() string {
 func (*PromoteVersionResponse) ProtoMessage() {}
 
 func (x *PromoteVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +1093,7 @@ func (x *PromoteVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteVersionResponse.ProtoReflect.Descriptor instead.
 func (*PromoteVersionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PromoteVersionResponse) GetRegion() *Region {
@@ -827,7 +1113,7 @@ type RollbackRegionRequest struct {
 
 func (x *RollbackRegionRequest) Reset() {
 	*x = RollbackRegionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -839,7 +1125,7 @@ func (x *RollbackRegionRequest) String() string {
 func (*RollbackRegionRequest) ProtoMessage() {}
 
 func (x *RollbackRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -852,7 +1138,7 @@ func (x *RollbackRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRegionRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRegionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RollbackRegionRequest) GetRegion() string {
@@ -878,7 +1164,7 @@ type RollbackRegionResponse struct {
 
 func (x *RollbackRegionResponse) Reset() {
 	*x = RollbackRegionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -890,7 +1176,7 @@ func (x *RollbackRegionResponse) String() string {
 func (*RollbackRegionResponse) ProtoMessage() {}
 
 func (x *RollbackRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -903,7 +1189,7 @@ func (x *RollbackRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRegionResponse.ProtoReflect.Descriptor instead.
 func (*RollbackRegionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RollbackRegionResponse) GetRegion() *Region {
@@ -917,7 +1203,7 @@ var File_sluice_admin_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/admin/v1/fleet.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf9\x02\n" +
+	"\x1bsluice/admin/v1/fleet.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x04\n" +
 	"\tDataPlane\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x16\n" +
@@ -929,7 +1215,23 @@ const file_sluice_admin_v1_fleet_proto_rawDesc = "" +
 	"\tin_flight\x18\x06 \x01(\x03R\binFlight\x127\n" +
 	"\tlast_seen\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12+\n" +
 	"\x11staleness_seconds\x18\b \x01(\x01R\x10stalenessSeconds\x12P\n" +
-	"\x12rejected_snapshots\x18\t \x03(\v2!.sluice.admin.v1.RejectedSnapshotR\x11rejectedSnapshots\"t\n" +
+	"\x12rejected_snapshots\x18\t \x03(\v2!.sluice.admin.v1.RejectedSnapshotR\x11rejectedSnapshots\x128\n" +
+	"\trejecting\x18\n" +
+	" \x01(\v2\x1a.sluice.admin.v1.RejectingR\trejecting\x12T\n" +
+	"\x13ejected_deployments\x18\xb4\x01 \x03(\v2\".sluice.admin.v1.EjectedDeploymentR\x12ejectedDeployments\"\xa3\x01\n" +
+	"\x11EjectedDeployment\x12#\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1f\n" +
+	"\vmodel_group\x18\x02 \x01(\tR\n" +
+	"modelGroup\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"\xb7\x01\n" +
+	"\tRejecting\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12'\n" +
+	"\x0frunning_version\x18\x02 \x01(\x04R\x0erunningVersion\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1d\n" +
+	"\n" +
+	"past_bound\x18\x05 \x01(\bR\tpastBound\"t\n" +
 	"\x10RejectedSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12.\n" +
@@ -963,10 +1265,20 @@ const file_sluice_admin_v1_fleet_proto_rawDesc = "" +
 	"\fRegionStatus\x12/\n" +
 	"\x06region\x18\x01 \x01(\v2\x17.sluice.admin.v1.RegionR\x06region\x12;\n" +
 	"\vdata_planes\x18\x02 \x03(\v2\x1a.sluice.admin.v1.DataPlaneR\n" +
-	"dataPlanes\"\x8b\x01\n" +
+	"dataPlanes\"\xc5\x01\n" +
 	"\x18GetRolloutStatusResponse\x126\n" +
 	"\x06latest\x18\x01 \x01(\v2\x1e.sluice.admin.v1.ConfigVersionR\x06latest\x127\n" +
-	"\aregions\x18\x02 \x03(\v2\x1d.sluice.admin.v1.RegionStatusR\aregions\"I\n" +
+	"\aregions\x18\x02 \x03(\v2\x1d.sluice.admin.v1.RegionStatusR\aregions\x128\n" +
+	"\x05epoch\x18\x03 \x01(\v2\".sluice.admin.v1.DistributionEpochR\x05epoch\"\x87\x02\n" +
+	"\x11DistributionEpoch\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x129\n" +
+	"\n" +
+	"start_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12#\n" +
+	"\rversion_floor\x18\x03 \x01(\x04R\fversionFloor\x12#\n" +
+	"\rfirst_version\x18\x04 \x01(\x04R\ffirstVersion\x12!\n" +
+	"\fevents_floor\x18\x05 \x01(\x04R\veventsFloor\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1c\n" +
+	"\treapplied\x18\a \x03(\tR\treapplied\"I\n" +
 	"\x15PromoteVersionRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\"I\n" +
@@ -1002,57 +1314,66 @@ func file_sluice_admin_v1_fleet_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_admin_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sluice_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_sluice_admin_v1_fleet_proto_goTypes = []any{
 	(RolloutPolicy)(0),               // 0: sluice.admin.v1.RolloutPolicy
 	(*DataPlane)(nil),                // 1: sluice.admin.v1.DataPlane
-	(*RejectedSnapshot)(nil),         // 2: sluice.admin.v1.RejectedSnapshot
-	(*ListDataPlanesRequest)(nil),    // 3: sluice.admin.v1.ListDataPlanesRequest
-	(*ListDataPlanesResponse)(nil),   // 4: sluice.admin.v1.ListDataPlanesResponse
-	(*Region)(nil),                   // 5: sluice.admin.v1.Region
-	(*ConfigVersion)(nil),            // 6: sluice.admin.v1.ConfigVersion
-	(*UpsertRegionRequest)(nil),      // 7: sluice.admin.v1.UpsertRegionRequest
-	(*UpsertRegionResponse)(nil),     // 8: sluice.admin.v1.UpsertRegionResponse
-	(*GetRolloutStatusRequest)(nil),  // 9: sluice.admin.v1.GetRolloutStatusRequest
-	(*RegionStatus)(nil),             // 10: sluice.admin.v1.RegionStatus
-	(*GetRolloutStatusResponse)(nil), // 11: sluice.admin.v1.GetRolloutStatusResponse
-	(*PromoteVersionRequest)(nil),    // 12: sluice.admin.v1.PromoteVersionRequest
-	(*PromoteVersionResponse)(nil),   // 13: sluice.admin.v1.PromoteVersionResponse
-	(*RollbackRegionRequest)(nil),    // 14: sluice.admin.v1.RollbackRegionRequest
-	(*RollbackRegionResponse)(nil),   // 15: sluice.admin.v1.RollbackRegionResponse
-	(*timestamppb.Timestamp)(nil),    // 16: google.protobuf.Timestamp
+	(*EjectedDeployment)(nil),        // 2: sluice.admin.v1.EjectedDeployment
+	(*Rejecting)(nil),                // 3: sluice.admin.v1.Rejecting
+	(*RejectedSnapshot)(nil),         // 4: sluice.admin.v1.RejectedSnapshot
+	(*ListDataPlanesRequest)(nil),    // 5: sluice.admin.v1.ListDataPlanesRequest
+	(*ListDataPlanesResponse)(nil),   // 6: sluice.admin.v1.ListDataPlanesResponse
+	(*Region)(nil),                   // 7: sluice.admin.v1.Region
+	(*ConfigVersion)(nil),            // 8: sluice.admin.v1.ConfigVersion
+	(*UpsertRegionRequest)(nil),      // 9: sluice.admin.v1.UpsertRegionRequest
+	(*UpsertRegionResponse)(nil),     // 10: sluice.admin.v1.UpsertRegionResponse
+	(*GetRolloutStatusRequest)(nil),  // 11: sluice.admin.v1.GetRolloutStatusRequest
+	(*RegionStatus)(nil),             // 12: sluice.admin.v1.RegionStatus
+	(*GetRolloutStatusResponse)(nil), // 13: sluice.admin.v1.GetRolloutStatusResponse
+	(*DistributionEpoch)(nil),        // 14: sluice.admin.v1.DistributionEpoch
+	(*PromoteVersionRequest)(nil),    // 15: sluice.admin.v1.PromoteVersionRequest
+	(*PromoteVersionResponse)(nil),   // 16: sluice.admin.v1.PromoteVersionResponse
+	(*RollbackRegionRequest)(nil),    // 17: sluice.admin.v1.RollbackRegionRequest
+	(*RollbackRegionResponse)(nil),   // 18: sluice.admin.v1.RollbackRegionResponse
+	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
 }
 var file_sluice_admin_v1_fleet_proto_depIdxs = []int32{
-	16, // 0: sluice.admin.v1.DataPlane.last_seen:type_name -> google.protobuf.Timestamp
-	2,  // 1: sluice.admin.v1.DataPlane.rejected_snapshots:type_name -> sluice.admin.v1.RejectedSnapshot
-	16, // 2: sluice.admin.v1.RejectedSnapshot.time:type_name -> google.protobuf.Timestamp
-	1,  // 3: sluice.admin.v1.ListDataPlanesResponse.data_planes:type_name -> sluice.admin.v1.DataPlane
-	0,  // 4: sluice.admin.v1.Region.policy:type_name -> sluice.admin.v1.RolloutPolicy
-	16, // 5: sluice.admin.v1.Region.update_time:type_name -> google.protobuf.Timestamp
-	16, // 6: sluice.admin.v1.ConfigVersion.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 7: sluice.admin.v1.UpsertRegionRequest.policy:type_name -> sluice.admin.v1.RolloutPolicy
-	5,  // 8: sluice.admin.v1.UpsertRegionResponse.region:type_name -> sluice.admin.v1.Region
-	5,  // 9: sluice.admin.v1.RegionStatus.region:type_name -> sluice.admin.v1.Region
-	1,  // 10: sluice.admin.v1.RegionStatus.data_planes:type_name -> sluice.admin.v1.DataPlane
-	6,  // 11: sluice.admin.v1.GetRolloutStatusResponse.latest:type_name -> sluice.admin.v1.ConfigVersion
-	10, // 12: sluice.admin.v1.GetRolloutStatusResponse.regions:type_name -> sluice.admin.v1.RegionStatus
-	5,  // 13: sluice.admin.v1.PromoteVersionResponse.region:type_name -> sluice.admin.v1.Region
-	5,  // 14: sluice.admin.v1.RollbackRegionResponse.region:type_name -> sluice.admin.v1.Region
-	3,  // 15: sluice.admin.v1.FleetService.ListDataPlanes:input_type -> sluice.admin.v1.ListDataPlanesRequest
-	7,  // 16: sluice.admin.v1.RolloutService.UpsertRegion:input_type -> sluice.admin.v1.UpsertRegionRequest
-	9,  // 17: sluice.admin.v1.RolloutService.GetRolloutStatus:input_type -> sluice.admin.v1.GetRolloutStatusRequest
-	12, // 18: sluice.admin.v1.RolloutService.PromoteVersion:input_type -> sluice.admin.v1.PromoteVersionRequest
-	14, // 19: sluice.admin.v1.RolloutService.RollbackRegion:input_type -> sluice.admin.v1.RollbackRegionRequest
-	4,  // 20: sluice.admin.v1.FleetService.ListDataPlanes:output_type -> sluice.admin.v1.ListDataPlanesResponse
-	8,  // 21: sluice.admin.v1.RolloutService.UpsertRegion:output_type -> sluice.admin.v1.UpsertRegionResponse
-	11, // 22: sluice.admin.v1.RolloutService.GetRolloutStatus:output_type -> sluice.admin.v1.GetRolloutStatusResponse
-	13, // 23: sluice.admin.v1.RolloutService.PromoteVersion:output_type -> sluice.admin.v1.PromoteVersionResponse
-	15, // 24: sluice.admin.v1.RolloutService.RollbackRegion:output_type -> sluice.admin.v1.RollbackRegionResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	19, // 0: sluice.admin.v1.DataPlane.last_seen:type_name -> google.protobuf.Timestamp
+	4,  // 1: sluice.admin.v1.DataPlane.rejected_snapshots:type_name -> sluice.admin.v1.RejectedSnapshot
+	3,  // 2: sluice.admin.v1.DataPlane.rejecting:type_name -> sluice.admin.v1.Rejecting
+	2,  // 3: sluice.admin.v1.DataPlane.ejected_deployments:type_name -> sluice.admin.v1.EjectedDeployment
+	19, // 4: sluice.admin.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	19, // 5: sluice.admin.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	19, // 6: sluice.admin.v1.RejectedSnapshot.time:type_name -> google.protobuf.Timestamp
+	1,  // 7: sluice.admin.v1.ListDataPlanesResponse.data_planes:type_name -> sluice.admin.v1.DataPlane
+	0,  // 8: sluice.admin.v1.Region.policy:type_name -> sluice.admin.v1.RolloutPolicy
+	19, // 9: sluice.admin.v1.Region.update_time:type_name -> google.protobuf.Timestamp
+	19, // 10: sluice.admin.v1.ConfigVersion.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 11: sluice.admin.v1.UpsertRegionRequest.policy:type_name -> sluice.admin.v1.RolloutPolicy
+	7,  // 12: sluice.admin.v1.UpsertRegionResponse.region:type_name -> sluice.admin.v1.Region
+	7,  // 13: sluice.admin.v1.RegionStatus.region:type_name -> sluice.admin.v1.Region
+	1,  // 14: sluice.admin.v1.RegionStatus.data_planes:type_name -> sluice.admin.v1.DataPlane
+	8,  // 15: sluice.admin.v1.GetRolloutStatusResponse.latest:type_name -> sluice.admin.v1.ConfigVersion
+	12, // 16: sluice.admin.v1.GetRolloutStatusResponse.regions:type_name -> sluice.admin.v1.RegionStatus
+	14, // 17: sluice.admin.v1.GetRolloutStatusResponse.epoch:type_name -> sluice.admin.v1.DistributionEpoch
+	19, // 18: sluice.admin.v1.DistributionEpoch.start_time:type_name -> google.protobuf.Timestamp
+	7,  // 19: sluice.admin.v1.PromoteVersionResponse.region:type_name -> sluice.admin.v1.Region
+	7,  // 20: sluice.admin.v1.RollbackRegionResponse.region:type_name -> sluice.admin.v1.Region
+	5,  // 21: sluice.admin.v1.FleetService.ListDataPlanes:input_type -> sluice.admin.v1.ListDataPlanesRequest
+	9,  // 22: sluice.admin.v1.RolloutService.UpsertRegion:input_type -> sluice.admin.v1.UpsertRegionRequest
+	11, // 23: sluice.admin.v1.RolloutService.GetRolloutStatus:input_type -> sluice.admin.v1.GetRolloutStatusRequest
+	15, // 24: sluice.admin.v1.RolloutService.PromoteVersion:input_type -> sluice.admin.v1.PromoteVersionRequest
+	17, // 25: sluice.admin.v1.RolloutService.RollbackRegion:input_type -> sluice.admin.v1.RollbackRegionRequest
+	6,  // 26: sluice.admin.v1.FleetService.ListDataPlanes:output_type -> sluice.admin.v1.ListDataPlanesResponse
+	10, // 27: sluice.admin.v1.RolloutService.UpsertRegion:output_type -> sluice.admin.v1.UpsertRegionResponse
+	13, // 28: sluice.admin.v1.RolloutService.GetRolloutStatus:output_type -> sluice.admin.v1.GetRolloutStatusResponse
+	16, // 29: sluice.admin.v1.RolloutService.PromoteVersion:output_type -> sluice.admin.v1.PromoteVersionResponse
+	18, // 30: sluice.admin.v1.RolloutService.RollbackRegion:output_type -> sluice.admin.v1.RollbackRegionResponse
+	26, // [26:31] is the sub-list for method output_type
+	21, // [21:26] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_fleet_proto_init() }
@@ -1066,7 +1387,7 @@ func file_sluice_admin_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_fleet_proto_rawDesc), len(file_sluice_admin_v1_fleet_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   15,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -59,6 +59,10 @@ type Key struct {
 	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	RotateTime    *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=rotate_time,json=rotateTime,proto3" json:"rotate_time,omitempty"`
 	RotationCount int64                  `protobuf:"varint,21,opt,name=rotation_count,json=rotationCount,proto3" json:"rotation_count,omitempty"`
+	// Model group → its fallbacks for this key, replacing the group's own
+	// (and the team's) list; an empty list turns fallbacks off for that
+	// group. Names must exist; self-references and cycles are refused.
+	Fallbacks     map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -240,23 +244,31 @@ func (x *Key) GetRotationCount() int64 {
 	return 0
 }
 
+func (x *Key) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
 type CreateKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required for platform tokens; defaults to the token's org otherwise.
 	OrgId string `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
 	// Required for team-scoped tokens (defaults to the token's team).
-	TeamId            string                 `protobuf:"bytes,2,opt,name=team_id,json=teamId,proto3" json:"team_id,omitempty"`
-	UserId            string                 `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
-	Project           string                 `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"`
-	Alias             string                 `protobuf:"bytes,5,opt,name=alias,proto3" json:"alias,omitempty"`
-	ExpireTime        *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
-	Tags              []string               `protobuf:"bytes,7,rep,name=tags,proto3" json:"tags,omitempty"`
-	TrafficClass      TrafficClass           `protobuf:"varint,8,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.admin.v1.TrafficClass" json:"traffic_class,omitempty"`
-	ModelGroupAliases map[string]string      `protobuf:"bytes,9,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	EnforcedParams    []string               `protobuf:"bytes,10,rep,name=enforced_params,json=enforcedParams,proto3" json:"enforced_params,omitempty"`
-	AllowedRoutes     []string               `protobuf:"bytes,11,rep,name=allowed_routes,json=allowedRoutes,proto3" json:"allowed_routes,omitempty"`
-	Limits            *Limits                `protobuf:"bytes,12,opt,name=limits,proto3" json:"limits,omitempty"`
-	Metadata          map[string]string      `protobuf:"bytes,13,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TeamId            string                          `protobuf:"bytes,2,opt,name=team_id,json=teamId,proto3" json:"team_id,omitempty"`
+	UserId            string                          `protobuf:"bytes,3,opt,name=user_id,json=userId,proto3" json:"user_id,omitempty"`
+	Project           string                          `protobuf:"bytes,4,opt,name=project,proto3" json:"project,omitempty"`
+	Alias             string                          `protobuf:"bytes,5,opt,name=alias,proto3" json:"alias,omitempty"`
+	ExpireTime        *timestamppb.Timestamp          `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	Tags              []string                        `protobuf:"bytes,7,rep,name=tags,proto3" json:"tags,omitempty"`
+	TrafficClass      TrafficClass                    `protobuf:"varint,8,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.admin.v1.TrafficClass" json:"traffic_class,omitempty"`
+	ModelGroupAliases map[string]string               `protobuf:"bytes,9,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	EnforcedParams    []string                        `protobuf:"bytes,10,rep,name=enforced_params,json=enforcedParams,proto3" json:"enforced_params,omitempty"`
+	AllowedRoutes     []string                        `protobuf:"bytes,11,rep,name=allowed_routes,json=allowedRoutes,proto3" json:"allowed_routes,omitempty"`
+	Limits            *Limits                         `protobuf:"bytes,12,opt,name=limits,proto3" json:"limits,omitempty"`
+	Metadata          map[string]string               `protobuf:"bytes,13,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Fallbacks         map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -378,6 +390,13 @@ func (x *CreateKeyRequest) GetLimits() *Limits {
 func (x *CreateKeyRequest) GetMetadata() map[string]string {
 	if x != nil {
 		return x.Metadata
+	}
+	return nil
+}
+
+func (x *CreateKeyRequest) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
 	}
 	return nil
 }
@@ -1152,7 +1171,7 @@ var File_sluice_admin_v1_key_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_key_proto_rawDesc = "" +
 	"\n" +
-	"\x19sluice/admin/v1/key.proto\x12\x0fsluice.admin.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1csluice/admin/v1/common.proto\"\xf9\a\n" +
+	"\x19sluice/admin/v1/key.proto\x12\x0fsluice.admin.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1csluice/admin/v1/common.proto\"\xa1\t\n" +
 	"\x03Key\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x17\n" +
@@ -1179,13 +1198,17 @@ const file_sluice_admin_v1_key_proto_rawDesc = "" +
 	"updateTime\x12;\n" +
 	"\vrotate_time\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"rotateTime\x12%\n" +
-	"\x0erotation_count\x18\x15 \x01(\x03R\rrotationCount\x1aD\n" +
+	"\x0erotation_count\x18\x15 \x01(\x03R\rrotationCount\x12B\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v2#.sluice.admin.v1.Key.FallbacksEntryR\tfallbacks\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdb\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ab\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12:\n" +
+	"\x05value\x18\x02 \x01(\v2$.sluice.admin.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\x90\a\n" +
 	"\x10CreateKeyRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x17\n" +
 	"\ateam_id\x18\x02 \x01(\tR\x06teamId\x12\x17\n" +
@@ -1201,13 +1224,17 @@ const file_sluice_admin_v1_key_proto_rawDesc = "" +
 	" \x03(\tR\x0eenforcedParams\x12%\n" +
 	"\x0eallowed_routes\x18\v \x03(\tR\rallowedRoutes\x12/\n" +
 	"\x06limits\x18\f \x01(\v2\x17.sluice.admin.v1.LimitsR\x06limits\x12K\n" +
-	"\bmetadata\x18\r \x03(\v2/.sluice.admin.v1.CreateKeyRequest.MetadataEntryR\bmetadata\x1aD\n" +
+	"\bmetadata\x18\r \x03(\v2/.sluice.admin.v1.CreateKeyRequest.MetadataEntryR\bmetadata\x12O\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v20.sluice.admin.v1.CreateKeyRequest.FallbacksEntryR\tfallbacks\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ab\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12:\n" +
+	"\x05value\x18\x02 \x01(\v2$.sluice.admin.v1.ModelGroupFallbacksR\x05value:\x028\x01\"Q\n" +
 	"\x11CreateKeyResponse\x12&\n" +
 	"\x03key\x18\x01 \x01(\v2\x14.sluice.admin.v1.KeyR\x03key\x12\x14\n" +
 	"\x05token\x18\x02 \x01(\tR\x05token\"\x1f\n" +
@@ -1278,7 +1305,7 @@ func file_sluice_admin_v1_key_proto_rawDescGZIP() []byte {
 	return file_sluice_admin_v1_key_proto_rawDescData
 }
 
-var file_sluice_admin_v1_key_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_sluice_admin_v1_key_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_sluice_admin_v1_key_proto_goTypes = []any{
 	(*Key)(nil),                   // 0: sluice.admin.v1.Key
 	(*CreateKeyRequest)(nil),      // 1: sluice.admin.v1.CreateKeyRequest
@@ -1299,58 +1326,65 @@ var file_sluice_admin_v1_key_proto_goTypes = []any{
 	(*UnblockKeyResponse)(nil),    // 16: sluice.admin.v1.UnblockKeyResponse
 	nil,                           // 17: sluice.admin.v1.Key.ModelGroupAliasesEntry
 	nil,                           // 18: sluice.admin.v1.Key.MetadataEntry
-	nil,                           // 19: sluice.admin.v1.CreateKeyRequest.ModelGroupAliasesEntry
-	nil,                           // 20: sluice.admin.v1.CreateKeyRequest.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(TrafficClass)(0),             // 22: sluice.admin.v1.TrafficClass
-	(*Limits)(nil),                // 23: sluice.admin.v1.Limits
-	(*fieldmaskpb.FieldMask)(nil), // 24: google.protobuf.FieldMask
+	nil,                           // 19: sluice.admin.v1.Key.FallbacksEntry
+	nil,                           // 20: sluice.admin.v1.CreateKeyRequest.ModelGroupAliasesEntry
+	nil,                           // 21: sluice.admin.v1.CreateKeyRequest.MetadataEntry
+	nil,                           // 22: sluice.admin.v1.CreateKeyRequest.FallbacksEntry
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(TrafficClass)(0),             // 24: sluice.admin.v1.TrafficClass
+	(*Limits)(nil),                // 25: sluice.admin.v1.Limits
+	(*fieldmaskpb.FieldMask)(nil), // 26: google.protobuf.FieldMask
+	(*ModelGroupFallbacks)(nil),   // 27: sluice.admin.v1.ModelGroupFallbacks
 }
 var file_sluice_admin_v1_key_proto_depIdxs = []int32{
-	21, // 0: sluice.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	22, // 1: sluice.admin.v1.Key.traffic_class:type_name -> sluice.admin.v1.TrafficClass
+	23, // 0: sluice.admin.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	24, // 1: sluice.admin.v1.Key.traffic_class:type_name -> sluice.admin.v1.TrafficClass
 	17, // 2: sluice.admin.v1.Key.model_group_aliases:type_name -> sluice.admin.v1.Key.ModelGroupAliasesEntry
-	23, // 3: sluice.admin.v1.Key.limits:type_name -> sluice.admin.v1.Limits
+	25, // 3: sluice.admin.v1.Key.limits:type_name -> sluice.admin.v1.Limits
 	18, // 4: sluice.admin.v1.Key.metadata:type_name -> sluice.admin.v1.Key.MetadataEntry
-	21, // 5: sluice.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
-	21, // 6: sluice.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
-	21, // 7: sluice.admin.v1.Key.rotate_time:type_name -> google.protobuf.Timestamp
-	21, // 8: sluice.admin.v1.CreateKeyRequest.expire_time:type_name -> google.protobuf.Timestamp
-	22, // 9: sluice.admin.v1.CreateKeyRequest.traffic_class:type_name -> sluice.admin.v1.TrafficClass
-	19, // 10: sluice.admin.v1.CreateKeyRequest.model_group_aliases:type_name -> sluice.admin.v1.CreateKeyRequest.ModelGroupAliasesEntry
-	23, // 11: sluice.admin.v1.CreateKeyRequest.limits:type_name -> sluice.admin.v1.Limits
-	20, // 12: sluice.admin.v1.CreateKeyRequest.metadata:type_name -> sluice.admin.v1.CreateKeyRequest.MetadataEntry
-	0,  // 13: sluice.admin.v1.CreateKeyResponse.key:type_name -> sluice.admin.v1.Key
-	0,  // 14: sluice.admin.v1.GetKeyResponse.key:type_name -> sluice.admin.v1.Key
-	0,  // 15: sluice.admin.v1.ListKeysResponse.keys:type_name -> sluice.admin.v1.Key
-	0,  // 16: sluice.admin.v1.UpdateKeyRequest.key:type_name -> sluice.admin.v1.Key
-	24, // 17: sluice.admin.v1.UpdateKeyRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 18: sluice.admin.v1.UpdateKeyResponse.key:type_name -> sluice.admin.v1.Key
-	0,  // 19: sluice.admin.v1.RotateKeyResponse.key:type_name -> sluice.admin.v1.Key
-	21, // 20: sluice.admin.v1.RotateKeyResponse.old_token_valid_until:type_name -> google.protobuf.Timestamp
-	0,  // 21: sluice.admin.v1.BlockKeyResponse.key:type_name -> sluice.admin.v1.Key
-	0,  // 22: sluice.admin.v1.UnblockKeyResponse.key:type_name -> sluice.admin.v1.Key
-	1,  // 23: sluice.admin.v1.KeyService.CreateKey:input_type -> sluice.admin.v1.CreateKeyRequest
-	3,  // 24: sluice.admin.v1.KeyService.GetKey:input_type -> sluice.admin.v1.GetKeyRequest
-	5,  // 25: sluice.admin.v1.KeyService.ListKeys:input_type -> sluice.admin.v1.ListKeysRequest
-	7,  // 26: sluice.admin.v1.KeyService.UpdateKey:input_type -> sluice.admin.v1.UpdateKeyRequest
-	9,  // 27: sluice.admin.v1.KeyService.DeleteKey:input_type -> sluice.admin.v1.DeleteKeyRequest
-	11, // 28: sluice.admin.v1.KeyService.RotateKey:input_type -> sluice.admin.v1.RotateKeyRequest
-	13, // 29: sluice.admin.v1.KeyService.BlockKey:input_type -> sluice.admin.v1.BlockKeyRequest
-	15, // 30: sluice.admin.v1.KeyService.UnblockKey:input_type -> sluice.admin.v1.UnblockKeyRequest
-	2,  // 31: sluice.admin.v1.KeyService.CreateKey:output_type -> sluice.admin.v1.CreateKeyResponse
-	4,  // 32: sluice.admin.v1.KeyService.GetKey:output_type -> sluice.admin.v1.GetKeyResponse
-	6,  // 33: sluice.admin.v1.KeyService.ListKeys:output_type -> sluice.admin.v1.ListKeysResponse
-	8,  // 34: sluice.admin.v1.KeyService.UpdateKey:output_type -> sluice.admin.v1.UpdateKeyResponse
-	10, // 35: sluice.admin.v1.KeyService.DeleteKey:output_type -> sluice.admin.v1.DeleteKeyResponse
-	12, // 36: sluice.admin.v1.KeyService.RotateKey:output_type -> sluice.admin.v1.RotateKeyResponse
-	14, // 37: sluice.admin.v1.KeyService.BlockKey:output_type -> sluice.admin.v1.BlockKeyResponse
-	16, // 38: sluice.admin.v1.KeyService.UnblockKey:output_type -> sluice.admin.v1.UnblockKeyResponse
-	31, // [31:39] is the sub-list for method output_type
-	23, // [23:31] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	23, // 5: sluice.admin.v1.Key.create_time:type_name -> google.protobuf.Timestamp
+	23, // 6: sluice.admin.v1.Key.update_time:type_name -> google.protobuf.Timestamp
+	23, // 7: sluice.admin.v1.Key.rotate_time:type_name -> google.protobuf.Timestamp
+	19, // 8: sluice.admin.v1.Key.fallbacks:type_name -> sluice.admin.v1.Key.FallbacksEntry
+	23, // 9: sluice.admin.v1.CreateKeyRequest.expire_time:type_name -> google.protobuf.Timestamp
+	24, // 10: sluice.admin.v1.CreateKeyRequest.traffic_class:type_name -> sluice.admin.v1.TrafficClass
+	20, // 11: sluice.admin.v1.CreateKeyRequest.model_group_aliases:type_name -> sluice.admin.v1.CreateKeyRequest.ModelGroupAliasesEntry
+	25, // 12: sluice.admin.v1.CreateKeyRequest.limits:type_name -> sluice.admin.v1.Limits
+	21, // 13: sluice.admin.v1.CreateKeyRequest.metadata:type_name -> sluice.admin.v1.CreateKeyRequest.MetadataEntry
+	22, // 14: sluice.admin.v1.CreateKeyRequest.fallbacks:type_name -> sluice.admin.v1.CreateKeyRequest.FallbacksEntry
+	0,  // 15: sluice.admin.v1.CreateKeyResponse.key:type_name -> sluice.admin.v1.Key
+	0,  // 16: sluice.admin.v1.GetKeyResponse.key:type_name -> sluice.admin.v1.Key
+	0,  // 17: sluice.admin.v1.ListKeysResponse.keys:type_name -> sluice.admin.v1.Key
+	0,  // 18: sluice.admin.v1.UpdateKeyRequest.key:type_name -> sluice.admin.v1.Key
+	26, // 19: sluice.admin.v1.UpdateKeyRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 20: sluice.admin.v1.UpdateKeyResponse.key:type_name -> sluice.admin.v1.Key
+	0,  // 21: sluice.admin.v1.RotateKeyResponse.key:type_name -> sluice.admin.v1.Key
+	23, // 22: sluice.admin.v1.RotateKeyResponse.old_token_valid_until:type_name -> google.protobuf.Timestamp
+	0,  // 23: sluice.admin.v1.BlockKeyResponse.key:type_name -> sluice.admin.v1.Key
+	0,  // 24: sluice.admin.v1.UnblockKeyResponse.key:type_name -> sluice.admin.v1.Key
+	27, // 25: sluice.admin.v1.Key.FallbacksEntry.value:type_name -> sluice.admin.v1.ModelGroupFallbacks
+	27, // 26: sluice.admin.v1.CreateKeyRequest.FallbacksEntry.value:type_name -> sluice.admin.v1.ModelGroupFallbacks
+	1,  // 27: sluice.admin.v1.KeyService.CreateKey:input_type -> sluice.admin.v1.CreateKeyRequest
+	3,  // 28: sluice.admin.v1.KeyService.GetKey:input_type -> sluice.admin.v1.GetKeyRequest
+	5,  // 29: sluice.admin.v1.KeyService.ListKeys:input_type -> sluice.admin.v1.ListKeysRequest
+	7,  // 30: sluice.admin.v1.KeyService.UpdateKey:input_type -> sluice.admin.v1.UpdateKeyRequest
+	9,  // 31: sluice.admin.v1.KeyService.DeleteKey:input_type -> sluice.admin.v1.DeleteKeyRequest
+	11, // 32: sluice.admin.v1.KeyService.RotateKey:input_type -> sluice.admin.v1.RotateKeyRequest
+	13, // 33: sluice.admin.v1.KeyService.BlockKey:input_type -> sluice.admin.v1.BlockKeyRequest
+	15, // 34: sluice.admin.v1.KeyService.UnblockKey:input_type -> sluice.admin.v1.UnblockKeyRequest
+	2,  // 35: sluice.admin.v1.KeyService.CreateKey:output_type -> sluice.admin.v1.CreateKeyResponse
+	4,  // 36: sluice.admin.v1.KeyService.GetKey:output_type -> sluice.admin.v1.GetKeyResponse
+	6,  // 37: sluice.admin.v1.KeyService.ListKeys:output_type -> sluice.admin.v1.ListKeysResponse
+	8,  // 38: sluice.admin.v1.KeyService.UpdateKey:output_type -> sluice.admin.v1.UpdateKeyResponse
+	10, // 39: sluice.admin.v1.KeyService.DeleteKey:output_type -> sluice.admin.v1.DeleteKeyResponse
+	12, // 40: sluice.admin.v1.KeyService.RotateKey:output_type -> sluice.admin.v1.RotateKeyResponse
+	14, // 41: sluice.admin.v1.KeyService.BlockKey:output_type -> sluice.admin.v1.BlockKeyResponse
+	16, // 42: sluice.admin.v1.KeyService.UnblockKey:output_type -> sluice.admin.v1.UnblockKeyResponse
+	35, // [35:43] is the sub-list for method output_type
+	27, // [27:35] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_key_proto_init() }
@@ -1366,7 +1400,7 @@ func file_sluice_admin_v1_key_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_key_proto_rawDesc), len(file_sluice_admin_v1_key_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   21,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

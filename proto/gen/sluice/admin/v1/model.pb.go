@@ -9,6 +9,7 @@ package adminv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -29,10 +30,32 @@ const (
 type ModelGroup struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1–100 characters of [A-Za-z0-9._:/-]; unique.
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	UpdateTime  *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// platform_wide makes the group visible to every org. Otherwise only
+	// the orgs it is granted to (GrantModelGroup) see and call it. Set at
+	// creation or through UpdateModelGroup (mask path "platform_wide");
+	// platform tokens only. Groups that existed before tenancy were marked
+	// platform-wide by the migration.
+	PlatformWide bool `protobuf:"varint,220,opt,name=platform_wide,json=platformWide,proto3" json:"platform_wide,omitempty"`
+	// The orgs the group is granted to, sorted. Shown to platform tokens
+	// only; org and team tokens see the groups visible to their org and an
+	// empty list here.
+	GrantedOrgIds []string `protobuf:"bytes,221,rep,name=granted_org_ids,json=grantedOrgIds,proto3" json:"granted_org_ids,omitempty"`
+	// How the proxies order the group's candidates (docs/routing.md);
+	// unset: the defaults by traffic class.
+	Routing *ModelGroupRouting `protobuf:"bytes,160,opt,name=routing,proto3" json:"routing,omitempty"`
+	// Ordered fallback model groups (docs/resilience.md, "Fallbacks"): when
+	// this group cannot serve a request (no deployment in rotation, every
+	// attempt failed, or none with the capability it needs), the request
+	// goes to the first of these that can, within the same attempt budget
+	// and deadline. Followed transitively; unknown names, self-references
+	// and cycles are refused. Keys and teams may override it per group.
+	Fallbacks []string `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
+	// Resilience settings of the group; unset fields take the proxy's flags.
+	Resilience    *ModelGroupResilience `protobuf:"bytes,181,opt,name=resilience,proto3" json:"resilience,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -95,6 +118,204 @@ func (x *ModelGroup) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ModelGroup) GetPlatformWide() bool {
+	if x != nil {
+		return x.PlatformWide
+	}
+	return false
+}
+
+func (x *ModelGroup) GetGrantedOrgIds() []string {
+	if x != nil {
+		return x.GrantedOrgIds
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetRouting() *ModelGroupRouting {
+	if x != nil {
+		return x.Routing
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetFallbacks() []string {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetResilience() *ModelGroupResilience {
+	if x != nil {
+		return x.Resilience
+	}
+	return nil
+}
+
+// ModelGroupRouting is a model group's routing strategy and its settings
+// (docs/routing.md, "Strategies"). Every field's zero value is "default".
+type ModelGroupRouting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "" (the defaults: affinity for agent and batch requests and for
+	// requests with a session, weighted_shuffle for interactive ones
+	// without), or one of "weighted_shuffle", "affinity" (session pin,
+	// then prefix rendezvous with bounded load), "least_outstanding"
+	// (fewest fleet-wide requests in flight per unit of weight),
+	// "engine_load" (the engines' own /metrics, falling back to the
+	// fleet-wide in-flight count when they are stale). An explicit
+	// strategy applies to every traffic class.
+	Strategy string `protobuf:"bytes,1,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// How long a session pin lives after its last use; unset: 1 h. 1 s to
+	// 7 days. Only with a strategy that pins sessions ("" or "affinity").
+	SessionTtl *durationpb.Duration `protobuf:"bytes,2,opt,name=session_ttl,json=sessionTtl,proto3" json:"session_ttl,omitempty"`
+	// The bound c of bounded-load rendezvous: a candidate above c × the
+	// mean load is skipped for the next; 0: 1.25. 1 to 10. Only with a
+	// strategy that hashes ("" or "affinity").
+	LoadFactor    float64 `protobuf:"fixed64,3,opt,name=load_factor,json=loadFactor,proto3" json:"load_factor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupRouting) Reset() {
+	*x = ModelGroupRouting{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupRouting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupRouting) ProtoMessage() {}
+
+func (x *ModelGroupRouting) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupRouting.ProtoReflect.Descriptor instead.
+func (*ModelGroupRouting) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ModelGroupRouting) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+func (x *ModelGroupRouting) GetSessionTtl() *durationpb.Duration {
+	if x != nil {
+		return x.SessionTtl
+	}
+	return nil
+}
+
+func (x *ModelGroupRouting) GetLoadFactor() float64 {
+	if x != nil {
+		return x.LoadFactor
+	}
+	return 0
+}
+
+// ModelGroupResilience overrides the proxy's resilience flags for one
+// model group (docs/resilience.md). 0 everywhere means "the proxy's flag".
+type ModelGroupResilience struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// TTFT deadline of stream attempts in milliseconds (--ttft-timeout);
+	// 100 ms to 1 h.
+	TtftTimeoutMs int64 `protobuf:"varint,1,opt,name=ttft_timeout_ms,json=ttftTimeoutMs,proto3" json:"ttft_timeout_ms,omitempty"`
+	// First ejection of a failing deployment in milliseconds
+	// (--ejection-base), doubling up to ejection_max_ms (--ejection-max);
+	// 100 ms to 1 h, base ≤ max.
+	EjectionBaseMs int64 `protobuf:"varint,2,opt,name=ejection_base_ms,json=ejectionBaseMs,proto3" json:"ejection_base_ms,omitempty"`
+	EjectionMaxMs  int64 `protobuf:"varint,3,opt,name=ejection_max_ms,json=ejectionMaxMs,proto3" json:"ejection_max_ms,omitempty"`
+	// Most upstream attempts per request, retries and fallbacks together
+	// (1 + --max-retries); 1 to 10.
+	MaxAttempts int32 `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	// Panic threshold in percent (--panic-threshold): when more than this
+	// share of the group's pool is ejected or parked, the proxy routes to
+	// all of it as if healthy (Envoy's semantics); 1 to 100.
+	PanicThresholdPercent int32 `protobuf:"varint,5,opt,name=panic_threshold_percent,json=panicThresholdPercent,proto3" json:"panic_threshold_percent,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ModelGroupResilience) Reset() {
+	*x = ModelGroupResilience{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupResilience) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupResilience) ProtoMessage() {}
+
+func (x *ModelGroupResilience) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupResilience.ProtoReflect.Descriptor instead.
+func (*ModelGroupResilience) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ModelGroupResilience) GetTtftTimeoutMs() int64 {
+	if x != nil {
+		return x.TtftTimeoutMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetEjectionBaseMs() int64 {
+	if x != nil {
+		return x.EjectionBaseMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetEjectionMaxMs() int64 {
+	if x != nil {
+		return x.EjectionMaxMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetPanicThresholdPercent() int32 {
+	if x != nil {
+		return x.PanicThresholdPercent
+	}
+	return 0
+}
+
 // Capabilities say what requests a deployment can serve. A request that
 // needs a capability only goes to deployments that have it; when no
 // deployment of the group can serve it the proxy answers 400 naming the
@@ -113,13 +334,19 @@ type Capabilities struct {
 	// Largest `max_tokens`; also the output reservation when a request sets
 	// none. 0: no limit.
 	MaxOutputTokens int64 `protobuf:"varint,5,opt,name=max_output_tokens,json=maxOutputTokens,proto3" json:"max_output_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Wire protocols the engine serves besides Chat Completions, Completions
+	// and Embeddings: "anthropic_messages" (POST /v1/messages and
+	// /v1/messages/count_tokens) and "openai_responses" (POST /v1/responses,
+	// GET /v1/responses/{id}, POST /v1/responses/{id}/cancel). Requests of a
+	// protocol only go to deployments that declare it (docs/protocols.md).
+	Protocols     []string `protobuf:"bytes,90,rep,name=protocols,proto3" json:"protocols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -131,7 +358,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -144,7 +371,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{1}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Capabilities) GetTools() bool {
@@ -182,6 +409,13 @@ func (x *Capabilities) GetMaxOutputTokens() int64 {
 	return 0
 }
 
+func (x *Capabilities) GetProtocols() []string {
+	if x != nil {
+		return x.Protocols
+	}
+	return nil
+}
+
 // Prices are USD per token.
 type Prices struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -196,7 +430,7 @@ type Prices struct {
 
 func (x *Prices) Reset() {
 	*x = Prices{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -208,7 +442,7 @@ func (x *Prices) String() string {
 func (*Prices) ProtoMessage() {}
 
 func (x *Prices) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -221,7 +455,7 @@ func (x *Prices) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prices.ProtoReflect.Descriptor instead.
 func (*Prices) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{2}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Prices) GetInputPerToken() float64 {
@@ -276,7 +510,7 @@ type Deployment struct {
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +522,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +535,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{3}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Deployment) GetId() string {
@@ -396,16 +630,22 @@ func (x *Deployment) GetUpdateTime() *timestamppb.Timestamp {
 }
 
 type CreateModelGroupRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Description   string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Name        string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Description string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
+	// See ModelGroup.platform_wide. Unset: the group is visible to no org
+	// until it is granted.
+	PlatformWide  bool                  `protobuf:"varint,220,opt,name=platform_wide,json=platformWide,proto3" json:"platform_wide,omitempty"`
+	Routing       *ModelGroupRouting    `protobuf:"bytes,160,opt,name=routing,proto3" json:"routing,omitempty"`
+	Fallbacks     []string              `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
+	Resilience    *ModelGroupResilience `protobuf:"bytes,181,opt,name=resilience,proto3" json:"resilience,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateModelGroupRequest) Reset() {
 	*x = CreateModelGroupRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +657,7 @@ func (x *CreateModelGroupRequest) String() string {
 func (*CreateModelGroupRequest) ProtoMessage() {}
 
 func (x *CreateModelGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +670,7 @@ func (x *CreateModelGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateModelGroupRequest.ProtoReflect.Descriptor instead.
 func (*CreateModelGroupRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{4}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateModelGroupRequest) GetName() string {
@@ -447,6 +687,34 @@ func (x *CreateModelGroupRequest) GetDescription() string {
 	return ""
 }
 
+func (x *CreateModelGroupRequest) GetPlatformWide() bool {
+	if x != nil {
+		return x.PlatformWide
+	}
+	return false
+}
+
+func (x *CreateModelGroupRequest) GetRouting() *ModelGroupRouting {
+	if x != nil {
+		return x.Routing
+	}
+	return nil
+}
+
+func (x *CreateModelGroupRequest) GetFallbacks() []string {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
+func (x *CreateModelGroupRequest) GetResilience() *ModelGroupResilience {
+	if x != nil {
+		return x.Resilience
+	}
+	return nil
+}
+
 type CreateModelGroupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ModelGroup    *ModelGroup            `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
@@ -456,7 +724,7 @@ type CreateModelGroupResponse struct {
 
 func (x *CreateModelGroupResponse) Reset() {
 	*x = CreateModelGroupResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +736,7 @@ func (x *CreateModelGroupResponse) String() string {
 func (*CreateModelGroupResponse) ProtoMessage() {}
 
 func (x *CreateModelGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +749,7 @@ func (x *CreateModelGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateModelGroupResponse.ProtoReflect.Descriptor instead.
 func (*CreateModelGroupResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{5}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateModelGroupResponse) GetModelGroup() *ModelGroup {
@@ -500,7 +768,7 @@ type GetModelGroupRequest struct {
 
 func (x *GetModelGroupRequest) Reset() {
 	*x = GetModelGroupRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +780,7 @@ func (x *GetModelGroupRequest) String() string {
 func (*GetModelGroupRequest) ProtoMessage() {}
 
 func (x *GetModelGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +793,7 @@ func (x *GetModelGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelGroupRequest.ProtoReflect.Descriptor instead.
 func (*GetModelGroupRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{6}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetModelGroupRequest) GetName() string {
@@ -544,7 +812,7 @@ type GetModelGroupResponse struct {
 
 func (x *GetModelGroupResponse) Reset() {
 	*x = GetModelGroupResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +824,7 @@ func (x *GetModelGroupResponse) String() string {
 func (*GetModelGroupResponse) ProtoMessage() {}
 
 func (x *GetModelGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +837,7 @@ func (x *GetModelGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetModelGroupResponse.ProtoReflect.Descriptor instead.
 func (*GetModelGroupResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{7}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetModelGroupResponse) GetModelGroup() *ModelGroup {
@@ -589,7 +857,7 @@ type ListModelGroupsRequest struct {
 
 func (x *ListModelGroupsRequest) Reset() {
 	*x = ListModelGroupsRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +869,7 @@ func (x *ListModelGroupsRequest) String() string {
 func (*ListModelGroupsRequest) ProtoMessage() {}
 
 func (x *ListModelGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +882,7 @@ func (x *ListModelGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListModelGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{8}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListModelGroupsRequest) GetPageSize() int32 {
@@ -641,7 +909,7 @@ type ListModelGroupsResponse struct {
 
 func (x *ListModelGroupsResponse) Reset() {
 	*x = ListModelGroupsResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +921,7 @@ func (x *ListModelGroupsResponse) String() string {
 func (*ListModelGroupsResponse) ProtoMessage() {}
 
 func (x *ListModelGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +934,7 @@ func (x *ListModelGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{9}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListModelGroupsResponse) GetModelGroups() []*ModelGroup {
@@ -683,7 +951,8 @@ func (x *ListModelGroupsResponse) GetNextPageToken() string {
 	return ""
 }
 
-// UpdateModelGroupRequest replaces the fields in update_mask ("description").
+// UpdateModelGroupRequest replaces the fields in update_mask ("description",
+// "platform_wide", "routing", "routing.<field>", "fallbacks", "resilience").
 type UpdateModelGroupRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ModelGroup    *ModelGroup            `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
@@ -694,7 +963,7 @@ type UpdateModelGroupRequest struct {
 
 func (x *UpdateModelGroupRequest) Reset() {
 	*x = UpdateModelGroupRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +975,7 @@ func (x *UpdateModelGroupRequest) String() string {
 func (*UpdateModelGroupRequest) ProtoMessage() {}
 
 func (x *UpdateModelGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +988,7 @@ func (x *UpdateModelGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateModelGroupRequest.ProtoReflect.Descriptor instead.
 func (*UpdateModelGroupRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{10}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpdateModelGroupRequest) GetModelGroup() *ModelGroup {
@@ -745,7 +1014,7 @@ type UpdateModelGroupResponse struct {
 
 func (x *UpdateModelGroupResponse) Reset() {
 	*x = UpdateModelGroupResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +1026,7 @@ func (x *UpdateModelGroupResponse) String() string {
 func (*UpdateModelGroupResponse) ProtoMessage() {}
 
 func (x *UpdateModelGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +1039,7 @@ func (x *UpdateModelGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateModelGroupResponse.ProtoReflect.Descriptor instead.
 func (*UpdateModelGroupResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{11}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateModelGroupResponse) GetModelGroup() *ModelGroup {
@@ -789,7 +1058,7 @@ type DeleteModelGroupRequest struct {
 
 func (x *DeleteModelGroupRequest) Reset() {
 	*x = DeleteModelGroupRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1070,7 @@ func (x *DeleteModelGroupRequest) String() string {
 func (*DeleteModelGroupRequest) ProtoMessage() {}
 
 func (x *DeleteModelGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1083,7 @@ func (x *DeleteModelGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelGroupRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelGroupRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{12}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteModelGroupRequest) GetName() string {
@@ -832,7 +1101,7 @@ type DeleteModelGroupResponse struct {
 
 func (x *DeleteModelGroupResponse) Reset() {
 	*x = DeleteModelGroupResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +1113,7 @@ func (x *DeleteModelGroupResponse) String() string {
 func (*DeleteModelGroupResponse) ProtoMessage() {}
 
 func (x *DeleteModelGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +1126,7 @@ func (x *DeleteModelGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelGroupResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelGroupResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{13}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{15}
 }
 
 type CreateDeploymentRequest struct {
@@ -880,7 +1149,7 @@ type CreateDeploymentRequest struct {
 
 func (x *CreateDeploymentRequest) Reset() {
 	*x = CreateDeploymentRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -892,7 +1161,7 @@ func (x *CreateDeploymentRequest) String() string {
 func (*CreateDeploymentRequest) ProtoMessage() {}
 
 func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -905,7 +1174,7 @@ func (x *CreateDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*CreateDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{14}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateDeploymentRequest) GetModelGroup() string {
@@ -987,7 +1256,7 @@ type CreateDeploymentResponse struct {
 
 func (x *CreateDeploymentResponse) Reset() {
 	*x = CreateDeploymentResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[15]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -999,7 +1268,7 @@ func (x *CreateDeploymentResponse) String() string {
 func (*CreateDeploymentResponse) ProtoMessage() {}
 
 func (x *CreateDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[15]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1012,7 +1281,7 @@ func (x *CreateDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*CreateDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{15}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CreateDeploymentResponse) GetDeployment() *Deployment {
@@ -1031,7 +1300,7 @@ type GetDeploymentRequest struct {
 
 func (x *GetDeploymentRequest) Reset() {
 	*x = GetDeploymentRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[16]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1043,7 +1312,7 @@ func (x *GetDeploymentRequest) String() string {
 func (*GetDeploymentRequest) ProtoMessage() {}
 
 func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[16]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1056,7 +1325,7 @@ func (x *GetDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*GetDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{16}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetDeploymentRequest) GetId() string {
@@ -1075,7 +1344,7 @@ type GetDeploymentResponse struct {
 
 func (x *GetDeploymentResponse) Reset() {
 	*x = GetDeploymentResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[17]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1356,7 @@ func (x *GetDeploymentResponse) String() string {
 func (*GetDeploymentResponse) ProtoMessage() {}
 
 func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[17]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1369,7 @@ func (x *GetDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*GetDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{17}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetDeploymentResponse) GetDeployment() *Deployment {
@@ -1121,7 +1390,7 @@ type ListDeploymentsRequest struct {
 
 func (x *ListDeploymentsRequest) Reset() {
 	*x = ListDeploymentsRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[18]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1402,7 @@ func (x *ListDeploymentsRequest) String() string {
 func (*ListDeploymentsRequest) ProtoMessage() {}
 
 func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[18]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1415,7 @@ func (x *ListDeploymentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsRequest.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{18}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListDeploymentsRequest) GetPageSize() int32 {
@@ -1180,7 +1449,7 @@ type ListDeploymentsResponse struct {
 
 func (x *ListDeploymentsResponse) Reset() {
 	*x = ListDeploymentsResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[19]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1192,7 +1461,7 @@ func (x *ListDeploymentsResponse) String() string {
 func (*ListDeploymentsResponse) ProtoMessage() {}
 
 func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[19]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1205,7 +1474,7 @@ func (x *ListDeploymentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeploymentsResponse.ProtoReflect.Descriptor instead.
 func (*ListDeploymentsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{19}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListDeploymentsResponse) GetDeployments() []*Deployment {
@@ -1238,7 +1507,7 @@ type UpdateDeploymentRequest struct {
 
 func (x *UpdateDeploymentRequest) Reset() {
 	*x = UpdateDeploymentRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[20]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1250,7 +1519,7 @@ func (x *UpdateDeploymentRequest) String() string {
 func (*UpdateDeploymentRequest) ProtoMessage() {}
 
 func (x *UpdateDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[20]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1263,7 +1532,7 @@ func (x *UpdateDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*UpdateDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{20}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpdateDeploymentRequest) GetDeployment() *Deployment {
@@ -1296,7 +1565,7 @@ type UpdateDeploymentResponse struct {
 
 func (x *UpdateDeploymentResponse) Reset() {
 	*x = UpdateDeploymentResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[21]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1577,7 @@ func (x *UpdateDeploymentResponse) String() string {
 func (*UpdateDeploymentResponse) ProtoMessage() {}
 
 func (x *UpdateDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[21]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1590,7 @@ func (x *UpdateDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*UpdateDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{21}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateDeploymentResponse) GetDeployment() *Deployment {
@@ -1340,7 +1609,7 @@ type DeleteDeploymentRequest struct {
 
 func (x *DeleteDeploymentRequest) Reset() {
 	*x = DeleteDeploymentRequest{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[22]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1621,7 @@ func (x *DeleteDeploymentRequest) String() string {
 func (*DeleteDeploymentRequest) ProtoMessage() {}
 
 func (x *DeleteDeploymentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[22]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1634,7 @@ func (x *DeleteDeploymentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeploymentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteDeploymentRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{22}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteDeploymentRequest) GetId() string {
@@ -1383,7 +1652,7 @@ type DeleteDeploymentResponse struct {
 
 func (x *DeleteDeploymentResponse) Reset() {
 	*x = DeleteDeploymentResponse{}
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[23]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1395,7 +1664,7 @@ func (x *DeleteDeploymentResponse) String() string {
 func (*DeleteDeploymentResponse) ProtoMessage() {}
 
 func (x *DeleteDeploymentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_model_proto_msgTypes[23]
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1408,14 +1677,390 @@ func (x *DeleteDeploymentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteDeploymentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteDeploymentResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{23}
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{25}
+}
+
+// ModelGroupGrant lets one org see and call one model group.
+type ModelGroupGrant struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ModelGroup string                 `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	OrgId      string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// Principal that granted it.
+	CreatedBy     string `protobuf:"bytes,4,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupGrant) Reset() {
+	*x = ModelGroupGrant{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupGrant) ProtoMessage() {}
+
+func (x *ModelGroupGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupGrant.ProtoReflect.Descriptor instead.
+func (*ModelGroupGrant) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ModelGroupGrant) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *ModelGroupGrant) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *ModelGroupGrant) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *ModelGroupGrant) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+type GrantModelGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ModelGroup    string                 `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	OrgId         string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantModelGroupRequest) Reset() {
+	*x = GrantModelGroupRequest{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantModelGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantModelGroupRequest) ProtoMessage() {}
+
+func (x *GrantModelGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantModelGroupRequest.ProtoReflect.Descriptor instead.
+func (*GrantModelGroupRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *GrantModelGroupRequest) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *GrantModelGroupRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+type GrantModelGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grant         *ModelGroupGrant       `protobuf:"bytes,1,opt,name=grant,proto3" json:"grant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantModelGroupResponse) Reset() {
+	*x = GrantModelGroupResponse{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantModelGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantModelGroupResponse) ProtoMessage() {}
+
+func (x *GrantModelGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantModelGroupResponse.ProtoReflect.Descriptor instead.
+func (*GrantModelGroupResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *GrantModelGroupResponse) GetGrant() *ModelGroupGrant {
+	if x != nil {
+		return x.Grant
+	}
+	return nil
+}
+
+type RevokeModelGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ModelGroup    string                 `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	OrgId         string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeModelGroupRequest) Reset() {
+	*x = RevokeModelGroupRequest{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeModelGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeModelGroupRequest) ProtoMessage() {}
+
+func (x *RevokeModelGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeModelGroupRequest.ProtoReflect.Descriptor instead.
+func (*RevokeModelGroupRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RevokeModelGroupRequest) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *RevokeModelGroupRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+type RevokeModelGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeModelGroupResponse) Reset() {
+	*x = RevokeModelGroupResponse{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeModelGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeModelGroupResponse) ProtoMessage() {}
+
+func (x *RevokeModelGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeModelGroupResponse.ProtoReflect.Descriptor instead.
+func (*RevokeModelGroupResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{30}
+}
+
+type ListModelGroupGrantsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Filters, both optional (none: every grant the caller may see).
+	ModelGroup    string `protobuf:"bytes,1,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	OrgId         string `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	PageSize      int32  `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListModelGroupGrantsRequest) Reset() {
+	*x = ListModelGroupGrantsRequest{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListModelGroupGrantsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListModelGroupGrantsRequest) ProtoMessage() {}
+
+func (x *ListModelGroupGrantsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListModelGroupGrantsRequest.ProtoReflect.Descriptor instead.
+func (*ListModelGroupGrantsRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ListModelGroupGrantsRequest) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *ListModelGroupGrantsRequest) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *ListModelGroupGrantsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListModelGroupGrantsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListModelGroupGrantsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// In (model_group, org_id) order.
+	Grants        []*ModelGroupGrant `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
+	NextPageToken string             `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListModelGroupGrantsResponse) Reset() {
+	*x = ListModelGroupGrantsResponse{}
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListModelGroupGrantsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListModelGroupGrantsResponse) ProtoMessage() {}
+
+func (x *ListModelGroupGrantsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_model_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListModelGroupGrantsResponse.ProtoReflect.Descriptor instead.
+func (*ListModelGroupGrantsResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_model_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListModelGroupGrantsResponse) GetGrants() []*ModelGroupGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *ListModelGroupGrantsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 var File_sluice_admin_v1_model_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_model_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/admin/v1/model.proto\x12\x0fsluice.admin.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n" +
+	"\x1bsluice/admin/v1/model.proto\x12\x0fsluice.admin.v1\x1a\x1egoogle/protobuf/duration.proto\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb1\x03\n" +
 	"\n" +
 	"ModelGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
@@ -1423,13 +2068,33 @@ const file_sluice_admin_v1_model_proto_rawDesc = "" +
 	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xaf\x01\n" +
+	"updateTime\x12$\n" +
+	"\rplatform_wide\x18\xdc\x01 \x01(\bR\fplatformWide\x12'\n" +
+	"\x0fgranted_org_ids\x18\xdd\x01 \x03(\tR\rgrantedOrgIds\x12=\n" +
+	"\arouting\x18\xa0\x01 \x01(\v2\".sluice.admin.v1.ModelGroupRoutingR\arouting\x12\x1d\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\tR\tfallbacks\x12F\n" +
+	"\n" +
+	"resilience\x18\xb5\x01 \x01(\v2%.sluice.admin.v1.ModelGroupResilienceR\n" +
+	"resilience\"\x8c\x01\n" +
+	"\x11ModelGroupRouting\x12\x1a\n" +
+	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12:\n" +
+	"\vsession_ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"sessionTtl\x12\x1f\n" +
+	"\vload_factor\x18\x03 \x01(\x01R\n" +
+	"loadFactor\"\xeb\x01\n" +
+	"\x14ModelGroupResilience\x12&\n" +
+	"\x0fttft_timeout_ms\x18\x01 \x01(\x03R\rttftTimeoutMs\x12(\n" +
+	"\x10ejection_base_ms\x18\x02 \x01(\x03R\x0eejectionBaseMs\x12&\n" +
+	"\x0fejection_max_ms\x18\x03 \x01(\x03R\rejectionMaxMs\x12!\n" +
+	"\fmax_attempts\x18\x04 \x01(\x05R\vmaxAttempts\x126\n" +
+	"\x17panic_threshold_percent\x18\x05 \x01(\x05R\x15panicThresholdPercent\"\xcd\x01\n" +
 	"\fCapabilities\x12\x14\n" +
 	"\x05tools\x18\x01 \x01(\bR\x05tools\x12\x1b\n" +
 	"\tjson_mode\x18\x02 \x01(\bR\bjsonMode\x12\x16\n" +
 	"\x06vision\x18\x03 \x01(\bR\x06vision\x12(\n" +
 	"\x10max_input_tokens\x18\x04 \x01(\x03R\x0emaxInputTokens\x12*\n" +
-	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\"\x8f\x01\n" +
+	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\x12\x1c\n" +
+	"\tprotocols\x18Z \x03(\tR\tprotocols\"\x8f\x01\n" +
 	"\x06Prices\x12&\n" +
 	"\x0finput_per_token\x18\x01 \x01(\x01R\rinputPerToken\x12(\n" +
 	"\x10output_per_token\x18\x02 \x01(\x01R\x0eoutputPerToken\x123\n" +
@@ -1452,10 +2117,16 @@ const file_sluice_admin_v1_model_proto_rawDesc = "" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"O\n" +
+	"updateTime\"\x9b\x02\n" +
 	"\x17CreateModelGroupRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12 \n" +
-	"\vdescription\x18\x02 \x01(\tR\vdescription\"X\n" +
+	"\vdescription\x18\x02 \x01(\tR\vdescription\x12$\n" +
+	"\rplatform_wide\x18\xdc\x01 \x01(\bR\fplatformWide\x12=\n" +
+	"\arouting\x18\xa0\x01 \x01(\v2\".sluice.admin.v1.ModelGroupRoutingR\arouting\x12\x1d\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\tR\tfallbacks\x12F\n" +
+	"\n" +
+	"resilience\x18\xb5\x01 \x01(\v2%.sluice.admin.v1.ModelGroupResilienceR\n" +
+	"resilience\"X\n" +
 	"\x18CreateModelGroupResponse\x12<\n" +
 	"\vmodel_group\x18\x01 \x01(\v2\x1b.sluice.admin.v1.ModelGroupR\n" +
 	"modelGroup\"*\n" +
@@ -1531,7 +2202,37 @@ const file_sluice_admin_v1_model_proto_rawDesc = "" +
 	"deployment\")\n" +
 	"\x17DeleteDeploymentRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x1a\n" +
-	"\x18DeleteDeploymentResponse2\xa4\b\n" +
+	"\x18DeleteDeploymentResponse\"\xa5\x01\n" +
+	"\x0fModelGroupGrant\x12\x1f\n" +
+	"\vmodel_group\x18\x01 \x01(\tR\n" +
+	"modelGroup\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12;\n" +
+	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\x04 \x01(\tR\tcreatedBy\"P\n" +
+	"\x16GrantModelGroupRequest\x12\x1f\n" +
+	"\vmodel_group\x18\x01 \x01(\tR\n" +
+	"modelGroup\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\"Q\n" +
+	"\x17GrantModelGroupResponse\x126\n" +
+	"\x05grant\x18\x01 \x01(\v2 .sluice.admin.v1.ModelGroupGrantR\x05grant\"Q\n" +
+	"\x17RevokeModelGroupRequest\x12\x1f\n" +
+	"\vmodel_group\x18\x01 \x01(\tR\n" +
+	"modelGroup\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\"\x1a\n" +
+	"\x18RevokeModelGroupResponse\"\x91\x01\n" +
+	"\x1bListModelGroupGrantsRequest\x12\x1f\n" +
+	"\vmodel_group\x18\x01 \x01(\tR\n" +
+	"modelGroup\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x80\x01\n" +
+	"\x1cListModelGroupGrantsResponse\x128\n" +
+	"\x06grants\x18\x01 \x03(\v2 .sluice.admin.v1.ModelGroupGrantR\x06grants\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xed\n" +
+	"\n" +
 	"\fModelService\x12g\n" +
 	"\x10CreateModelGroup\x12(.sluice.admin.v1.CreateModelGroupRequest\x1a).sluice.admin.v1.CreateModelGroupResponse\x12c\n" +
 	"\rGetModelGroup\x12%.sluice.admin.v1.GetModelGroupRequest\x1a&.sluice.admin.v1.GetModelGroupResponse\"\x03\x90\x02\x01\x12i\n" +
@@ -1542,7 +2243,10 @@ const file_sluice_admin_v1_model_proto_rawDesc = "" +
 	"\rGetDeployment\x12%.sluice.admin.v1.GetDeploymentRequest\x1a&.sluice.admin.v1.GetDeploymentResponse\"\x03\x90\x02\x01\x12i\n" +
 	"\x0fListDeployments\x12'.sluice.admin.v1.ListDeploymentsRequest\x1a(.sluice.admin.v1.ListDeploymentsResponse\"\x03\x90\x02\x01\x12g\n" +
 	"\x10UpdateDeployment\x12(.sluice.admin.v1.UpdateDeploymentRequest\x1a).sluice.admin.v1.UpdateDeploymentResponse\x12g\n" +
-	"\x10DeleteDeployment\x12(.sluice.admin.v1.DeleteDeploymentRequest\x1a).sluice.admin.v1.DeleteDeploymentResponseB>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
+	"\x10DeleteDeployment\x12(.sluice.admin.v1.DeleteDeploymentRequest\x1a).sluice.admin.v1.DeleteDeploymentResponse\x12d\n" +
+	"\x0fGrantModelGroup\x12'.sluice.admin.v1.GrantModelGroupRequest\x1a(.sluice.admin.v1.GrantModelGroupResponse\x12g\n" +
+	"\x10RevokeModelGroup\x12(.sluice.admin.v1.RevokeModelGroupRequest\x1a).sluice.admin.v1.RevokeModelGroupResponse\x12x\n" +
+	"\x14ListModelGroupGrants\x12,.sluice.admin.v1.ListModelGroupGrantsRequest\x1a-.sluice.admin.v1.ListModelGroupGrantsResponse\"\x03\x90\x02\x01B>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
 
 var (
 	file_sluice_admin_v1_model_proto_rawDescOnce sync.Once
@@ -1556,81 +2260,105 @@ func file_sluice_admin_v1_model_proto_rawDescGZIP() []byte {
 	return file_sluice_admin_v1_model_proto_rawDescData
 }
 
-var file_sluice_admin_v1_model_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_sluice_admin_v1_model_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_sluice_admin_v1_model_proto_goTypes = []any{
-	(*ModelGroup)(nil),               // 0: sluice.admin.v1.ModelGroup
-	(*Capabilities)(nil),             // 1: sluice.admin.v1.Capabilities
-	(*Prices)(nil),                   // 2: sluice.admin.v1.Prices
-	(*Deployment)(nil),               // 3: sluice.admin.v1.Deployment
-	(*CreateModelGroupRequest)(nil),  // 4: sluice.admin.v1.CreateModelGroupRequest
-	(*CreateModelGroupResponse)(nil), // 5: sluice.admin.v1.CreateModelGroupResponse
-	(*GetModelGroupRequest)(nil),     // 6: sluice.admin.v1.GetModelGroupRequest
-	(*GetModelGroupResponse)(nil),    // 7: sluice.admin.v1.GetModelGroupResponse
-	(*ListModelGroupsRequest)(nil),   // 8: sluice.admin.v1.ListModelGroupsRequest
-	(*ListModelGroupsResponse)(nil),  // 9: sluice.admin.v1.ListModelGroupsResponse
-	(*UpdateModelGroupRequest)(nil),  // 10: sluice.admin.v1.UpdateModelGroupRequest
-	(*UpdateModelGroupResponse)(nil), // 11: sluice.admin.v1.UpdateModelGroupResponse
-	(*DeleteModelGroupRequest)(nil),  // 12: sluice.admin.v1.DeleteModelGroupRequest
-	(*DeleteModelGroupResponse)(nil), // 13: sluice.admin.v1.DeleteModelGroupResponse
-	(*CreateDeploymentRequest)(nil),  // 14: sluice.admin.v1.CreateDeploymentRequest
-	(*CreateDeploymentResponse)(nil), // 15: sluice.admin.v1.CreateDeploymentResponse
-	(*GetDeploymentRequest)(nil),     // 16: sluice.admin.v1.GetDeploymentRequest
-	(*GetDeploymentResponse)(nil),    // 17: sluice.admin.v1.GetDeploymentResponse
-	(*ListDeploymentsRequest)(nil),   // 18: sluice.admin.v1.ListDeploymentsRequest
-	(*ListDeploymentsResponse)(nil),  // 19: sluice.admin.v1.ListDeploymentsResponse
-	(*UpdateDeploymentRequest)(nil),  // 20: sluice.admin.v1.UpdateDeploymentRequest
-	(*UpdateDeploymentResponse)(nil), // 21: sluice.admin.v1.UpdateDeploymentResponse
-	(*DeleteDeploymentRequest)(nil),  // 22: sluice.admin.v1.DeleteDeploymentRequest
-	(*DeleteDeploymentResponse)(nil), // 23: sluice.admin.v1.DeleteDeploymentResponse
-	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),    // 25: google.protobuf.FieldMask
+	(*ModelGroup)(nil),                   // 0: sluice.admin.v1.ModelGroup
+	(*ModelGroupRouting)(nil),            // 1: sluice.admin.v1.ModelGroupRouting
+	(*ModelGroupResilience)(nil),         // 2: sluice.admin.v1.ModelGroupResilience
+	(*Capabilities)(nil),                 // 3: sluice.admin.v1.Capabilities
+	(*Prices)(nil),                       // 4: sluice.admin.v1.Prices
+	(*Deployment)(nil),                   // 5: sluice.admin.v1.Deployment
+	(*CreateModelGroupRequest)(nil),      // 6: sluice.admin.v1.CreateModelGroupRequest
+	(*CreateModelGroupResponse)(nil),     // 7: sluice.admin.v1.CreateModelGroupResponse
+	(*GetModelGroupRequest)(nil),         // 8: sluice.admin.v1.GetModelGroupRequest
+	(*GetModelGroupResponse)(nil),        // 9: sluice.admin.v1.GetModelGroupResponse
+	(*ListModelGroupsRequest)(nil),       // 10: sluice.admin.v1.ListModelGroupsRequest
+	(*ListModelGroupsResponse)(nil),      // 11: sluice.admin.v1.ListModelGroupsResponse
+	(*UpdateModelGroupRequest)(nil),      // 12: sluice.admin.v1.UpdateModelGroupRequest
+	(*UpdateModelGroupResponse)(nil),     // 13: sluice.admin.v1.UpdateModelGroupResponse
+	(*DeleteModelGroupRequest)(nil),      // 14: sluice.admin.v1.DeleteModelGroupRequest
+	(*DeleteModelGroupResponse)(nil),     // 15: sluice.admin.v1.DeleteModelGroupResponse
+	(*CreateDeploymentRequest)(nil),      // 16: sluice.admin.v1.CreateDeploymentRequest
+	(*CreateDeploymentResponse)(nil),     // 17: sluice.admin.v1.CreateDeploymentResponse
+	(*GetDeploymentRequest)(nil),         // 18: sluice.admin.v1.GetDeploymentRequest
+	(*GetDeploymentResponse)(nil),        // 19: sluice.admin.v1.GetDeploymentResponse
+	(*ListDeploymentsRequest)(nil),       // 20: sluice.admin.v1.ListDeploymentsRequest
+	(*ListDeploymentsResponse)(nil),      // 21: sluice.admin.v1.ListDeploymentsResponse
+	(*UpdateDeploymentRequest)(nil),      // 22: sluice.admin.v1.UpdateDeploymentRequest
+	(*UpdateDeploymentResponse)(nil),     // 23: sluice.admin.v1.UpdateDeploymentResponse
+	(*DeleteDeploymentRequest)(nil),      // 24: sluice.admin.v1.DeleteDeploymentRequest
+	(*DeleteDeploymentResponse)(nil),     // 25: sluice.admin.v1.DeleteDeploymentResponse
+	(*ModelGroupGrant)(nil),              // 26: sluice.admin.v1.ModelGroupGrant
+	(*GrantModelGroupRequest)(nil),       // 27: sluice.admin.v1.GrantModelGroupRequest
+	(*GrantModelGroupResponse)(nil),      // 28: sluice.admin.v1.GrantModelGroupResponse
+	(*RevokeModelGroupRequest)(nil),      // 29: sluice.admin.v1.RevokeModelGroupRequest
+	(*RevokeModelGroupResponse)(nil),     // 30: sluice.admin.v1.RevokeModelGroupResponse
+	(*ListModelGroupGrantsRequest)(nil),  // 31: sluice.admin.v1.ListModelGroupGrantsRequest
+	(*ListModelGroupGrantsResponse)(nil), // 32: sluice.admin.v1.ListModelGroupGrantsResponse
+	(*timestamppb.Timestamp)(nil),        // 33: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 34: google.protobuf.Duration
+	(*fieldmaskpb.FieldMask)(nil),        // 35: google.protobuf.FieldMask
 }
 var file_sluice_admin_v1_model_proto_depIdxs = []int32{
-	24, // 0: sluice.admin.v1.ModelGroup.create_time:type_name -> google.protobuf.Timestamp
-	24, // 1: sluice.admin.v1.ModelGroup.update_time:type_name -> google.protobuf.Timestamp
-	1,  // 2: sluice.admin.v1.Deployment.capabilities:type_name -> sluice.admin.v1.Capabilities
-	2,  // 3: sluice.admin.v1.Deployment.prices:type_name -> sluice.admin.v1.Prices
-	24, // 4: sluice.admin.v1.Deployment.create_time:type_name -> google.protobuf.Timestamp
-	24, // 5: sluice.admin.v1.Deployment.update_time:type_name -> google.protobuf.Timestamp
-	0,  // 6: sluice.admin.v1.CreateModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
-	0,  // 7: sluice.admin.v1.GetModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
-	0,  // 8: sluice.admin.v1.ListModelGroupsResponse.model_groups:type_name -> sluice.admin.v1.ModelGroup
-	0,  // 9: sluice.admin.v1.UpdateModelGroupRequest.model_group:type_name -> sluice.admin.v1.ModelGroup
-	25, // 10: sluice.admin.v1.UpdateModelGroupRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 11: sluice.admin.v1.UpdateModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
-	1,  // 12: sluice.admin.v1.CreateDeploymentRequest.capabilities:type_name -> sluice.admin.v1.Capabilities
-	2,  // 13: sluice.admin.v1.CreateDeploymentRequest.prices:type_name -> sluice.admin.v1.Prices
-	3,  // 14: sluice.admin.v1.CreateDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
-	3,  // 15: sluice.admin.v1.GetDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
-	3,  // 16: sluice.admin.v1.ListDeploymentsResponse.deployments:type_name -> sluice.admin.v1.Deployment
-	3,  // 17: sluice.admin.v1.UpdateDeploymentRequest.deployment:type_name -> sluice.admin.v1.Deployment
-	25, // 18: sluice.admin.v1.UpdateDeploymentRequest.update_mask:type_name -> google.protobuf.FieldMask
-	3,  // 19: sluice.admin.v1.UpdateDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
-	4,  // 20: sluice.admin.v1.ModelService.CreateModelGroup:input_type -> sluice.admin.v1.CreateModelGroupRequest
-	6,  // 21: sluice.admin.v1.ModelService.GetModelGroup:input_type -> sluice.admin.v1.GetModelGroupRequest
-	8,  // 22: sluice.admin.v1.ModelService.ListModelGroups:input_type -> sluice.admin.v1.ListModelGroupsRequest
-	10, // 23: sluice.admin.v1.ModelService.UpdateModelGroup:input_type -> sluice.admin.v1.UpdateModelGroupRequest
-	12, // 24: sluice.admin.v1.ModelService.DeleteModelGroup:input_type -> sluice.admin.v1.DeleteModelGroupRequest
-	14, // 25: sluice.admin.v1.ModelService.CreateDeployment:input_type -> sluice.admin.v1.CreateDeploymentRequest
-	16, // 26: sluice.admin.v1.ModelService.GetDeployment:input_type -> sluice.admin.v1.GetDeploymentRequest
-	18, // 27: sluice.admin.v1.ModelService.ListDeployments:input_type -> sluice.admin.v1.ListDeploymentsRequest
-	20, // 28: sluice.admin.v1.ModelService.UpdateDeployment:input_type -> sluice.admin.v1.UpdateDeploymentRequest
-	22, // 29: sluice.admin.v1.ModelService.DeleteDeployment:input_type -> sluice.admin.v1.DeleteDeploymentRequest
-	5,  // 30: sluice.admin.v1.ModelService.CreateModelGroup:output_type -> sluice.admin.v1.CreateModelGroupResponse
-	7,  // 31: sluice.admin.v1.ModelService.GetModelGroup:output_type -> sluice.admin.v1.GetModelGroupResponse
-	9,  // 32: sluice.admin.v1.ModelService.ListModelGroups:output_type -> sluice.admin.v1.ListModelGroupsResponse
-	11, // 33: sluice.admin.v1.ModelService.UpdateModelGroup:output_type -> sluice.admin.v1.UpdateModelGroupResponse
-	13, // 34: sluice.admin.v1.ModelService.DeleteModelGroup:output_type -> sluice.admin.v1.DeleteModelGroupResponse
-	15, // 35: sluice.admin.v1.ModelService.CreateDeployment:output_type -> sluice.admin.v1.CreateDeploymentResponse
-	17, // 36: sluice.admin.v1.ModelService.GetDeployment:output_type -> sluice.admin.v1.GetDeploymentResponse
-	19, // 37: sluice.admin.v1.ModelService.ListDeployments:output_type -> sluice.admin.v1.ListDeploymentsResponse
-	21, // 38: sluice.admin.v1.ModelService.UpdateDeployment:output_type -> sluice.admin.v1.UpdateDeploymentResponse
-	23, // 39: sluice.admin.v1.ModelService.DeleteDeployment:output_type -> sluice.admin.v1.DeleteDeploymentResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	33, // 0: sluice.admin.v1.ModelGroup.create_time:type_name -> google.protobuf.Timestamp
+	33, // 1: sluice.admin.v1.ModelGroup.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 2: sluice.admin.v1.ModelGroup.routing:type_name -> sluice.admin.v1.ModelGroupRouting
+	2,  // 3: sluice.admin.v1.ModelGroup.resilience:type_name -> sluice.admin.v1.ModelGroupResilience
+	34, // 4: sluice.admin.v1.ModelGroupRouting.session_ttl:type_name -> google.protobuf.Duration
+	3,  // 5: sluice.admin.v1.Deployment.capabilities:type_name -> sluice.admin.v1.Capabilities
+	4,  // 6: sluice.admin.v1.Deployment.prices:type_name -> sluice.admin.v1.Prices
+	33, // 7: sluice.admin.v1.Deployment.create_time:type_name -> google.protobuf.Timestamp
+	33, // 8: sluice.admin.v1.Deployment.update_time:type_name -> google.protobuf.Timestamp
+	1,  // 9: sluice.admin.v1.CreateModelGroupRequest.routing:type_name -> sluice.admin.v1.ModelGroupRouting
+	2,  // 10: sluice.admin.v1.CreateModelGroupRequest.resilience:type_name -> sluice.admin.v1.ModelGroupResilience
+	0,  // 11: sluice.admin.v1.CreateModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
+	0,  // 12: sluice.admin.v1.GetModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
+	0,  // 13: sluice.admin.v1.ListModelGroupsResponse.model_groups:type_name -> sluice.admin.v1.ModelGroup
+	0,  // 14: sluice.admin.v1.UpdateModelGroupRequest.model_group:type_name -> sluice.admin.v1.ModelGroup
+	35, // 15: sluice.admin.v1.UpdateModelGroupRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 16: sluice.admin.v1.UpdateModelGroupResponse.model_group:type_name -> sluice.admin.v1.ModelGroup
+	3,  // 17: sluice.admin.v1.CreateDeploymentRequest.capabilities:type_name -> sluice.admin.v1.Capabilities
+	4,  // 18: sluice.admin.v1.CreateDeploymentRequest.prices:type_name -> sluice.admin.v1.Prices
+	5,  // 19: sluice.admin.v1.CreateDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
+	5,  // 20: sluice.admin.v1.GetDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
+	5,  // 21: sluice.admin.v1.ListDeploymentsResponse.deployments:type_name -> sluice.admin.v1.Deployment
+	5,  // 22: sluice.admin.v1.UpdateDeploymentRequest.deployment:type_name -> sluice.admin.v1.Deployment
+	35, // 23: sluice.admin.v1.UpdateDeploymentRequest.update_mask:type_name -> google.protobuf.FieldMask
+	5,  // 24: sluice.admin.v1.UpdateDeploymentResponse.deployment:type_name -> sluice.admin.v1.Deployment
+	33, // 25: sluice.admin.v1.ModelGroupGrant.create_time:type_name -> google.protobuf.Timestamp
+	26, // 26: sluice.admin.v1.GrantModelGroupResponse.grant:type_name -> sluice.admin.v1.ModelGroupGrant
+	26, // 27: sluice.admin.v1.ListModelGroupGrantsResponse.grants:type_name -> sluice.admin.v1.ModelGroupGrant
+	6,  // 28: sluice.admin.v1.ModelService.CreateModelGroup:input_type -> sluice.admin.v1.CreateModelGroupRequest
+	8,  // 29: sluice.admin.v1.ModelService.GetModelGroup:input_type -> sluice.admin.v1.GetModelGroupRequest
+	10, // 30: sluice.admin.v1.ModelService.ListModelGroups:input_type -> sluice.admin.v1.ListModelGroupsRequest
+	12, // 31: sluice.admin.v1.ModelService.UpdateModelGroup:input_type -> sluice.admin.v1.UpdateModelGroupRequest
+	14, // 32: sluice.admin.v1.ModelService.DeleteModelGroup:input_type -> sluice.admin.v1.DeleteModelGroupRequest
+	16, // 33: sluice.admin.v1.ModelService.CreateDeployment:input_type -> sluice.admin.v1.CreateDeploymentRequest
+	18, // 34: sluice.admin.v1.ModelService.GetDeployment:input_type -> sluice.admin.v1.GetDeploymentRequest
+	20, // 35: sluice.admin.v1.ModelService.ListDeployments:input_type -> sluice.admin.v1.ListDeploymentsRequest
+	22, // 36: sluice.admin.v1.ModelService.UpdateDeployment:input_type -> sluice.admin.v1.UpdateDeploymentRequest
+	24, // 37: sluice.admin.v1.ModelService.DeleteDeployment:input_type -> sluice.admin.v1.DeleteDeploymentRequest
+	27, // 38: sluice.admin.v1.ModelService.GrantModelGroup:input_type -> sluice.admin.v1.GrantModelGroupRequest
+	29, // 39: sluice.admin.v1.ModelService.RevokeModelGroup:input_type -> sluice.admin.v1.RevokeModelGroupRequest
+	31, // 40: sluice.admin.v1.ModelService.ListModelGroupGrants:input_type -> sluice.admin.v1.ListModelGroupGrantsRequest
+	7,  // 41: sluice.admin.v1.ModelService.CreateModelGroup:output_type -> sluice.admin.v1.CreateModelGroupResponse
+	9,  // 42: sluice.admin.v1.ModelService.GetModelGroup:output_type -> sluice.admin.v1.GetModelGroupResponse
+	11, // 43: sluice.admin.v1.ModelService.ListModelGroups:output_type -> sluice.admin.v1.ListModelGroupsResponse
+	13, // 44: sluice.admin.v1.ModelService.UpdateModelGroup:output_type -> sluice.admin.v1.UpdateModelGroupResponse
+	15, // 45: sluice.admin.v1.ModelService.DeleteModelGroup:output_type -> sluice.admin.v1.DeleteModelGroupResponse
+	17, // 46: sluice.admin.v1.ModelService.CreateDeployment:output_type -> sluice.admin.v1.CreateDeploymentResponse
+	19, // 47: sluice.admin.v1.ModelService.GetDeployment:output_type -> sluice.admin.v1.GetDeploymentResponse
+	21, // 48: sluice.admin.v1.ModelService.ListDeployments:output_type -> sluice.admin.v1.ListDeploymentsResponse
+	23, // 49: sluice.admin.v1.ModelService.UpdateDeployment:output_type -> sluice.admin.v1.UpdateDeploymentResponse
+	25, // 50: sluice.admin.v1.ModelService.DeleteDeployment:output_type -> sluice.admin.v1.DeleteDeploymentResponse
+	28, // 51: sluice.admin.v1.ModelService.GrantModelGroup:output_type -> sluice.admin.v1.GrantModelGroupResponse
+	30, // 52: sluice.admin.v1.ModelService.RevokeModelGroup:output_type -> sluice.admin.v1.RevokeModelGroupResponse
+	32, // 53: sluice.admin.v1.ModelService.ListModelGroupGrants:output_type -> sluice.admin.v1.ListModelGroupGrantsResponse
+	41, // [41:54] is the sub-list for method output_type
+	28, // [28:41] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_model_proto_init() }
@@ -1644,7 +2372,7 @@ func file_sluice_admin_v1_model_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_model_proto_rawDesc), len(file_sluice_admin_v1_model_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -114,13 +114,16 @@ type SpendLog struct {
 	CostUsd          float64                `protobuf:"fixed64,18,opt,name=cost_usd,json=costUsd,proto3" json:"cost_usd,omitempty"`
 	Status           int32                  `protobuf:"varint,19,opt,name=status,proto3" json:"status,omitempty"`
 	// Error or rejection code (OpenAI error code), empty on success.
-	ErrorCode     string `protobuf:"bytes,20,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	LatencyMs     int64  `protobuf:"varint,21,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
-	TtftMs        int64  `protobuf:"varint,22,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
-	Attempts      int32  `protobuf:"varint,23,opt,name=attempts,proto3" json:"attempts,omitempty"`
-	Route         string `protobuf:"bytes,24,opt,name=route,proto3" json:"route,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ErrorCode string `protobuf:"bytes,20,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	LatencyMs int64  `protobuf:"varint,21,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
+	TtftMs    int64  `protobuf:"varint,22,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
+	Attempts  int32  `protobuf:"varint,23,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	Route     string `protobuf:"bytes,24,opt,name=route,proto3" json:"route,omitempty"`
+	// Prompt-cache writes (Anthropic Messages' cache_creation_input_tokens),
+	// counted in prompt_tokens too.
+	CacheCreationTokens int64 `protobuf:"varint,240,opt,name=cache_creation_tokens,json=cacheCreationTokens,proto3" json:"cache_creation_tokens,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *SpendLog) Reset() {
@@ -319,6 +322,13 @@ func (x *SpendLog) GetRoute() string {
 		return x.Route
 	}
 	return ""
+}
+
+func (x *SpendLog) GetCacheCreationTokens() int64 {
+	if x != nil {
+		return x.CacheCreationTokens
+	}
+	return 0
 }
 
 type GetSpendRequest struct {
@@ -644,7 +654,7 @@ var File_sluice_admin_v1_spend_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_spend_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/admin/v1/spend.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x05\n" +
+	"\x1bsluice/admin/v1/spend.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x90\x06\n" +
 	"\bSpendLog\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12.\n" +
@@ -675,7 +685,8 @@ const file_sluice_admin_v1_spend_proto_rawDesc = "" +
 	"latency_ms\x18\x15 \x01(\x03R\tlatencyMs\x12\x17\n" +
 	"\attft_ms\x18\x16 \x01(\x03R\x06ttftMs\x12\x1a\n" +
 	"\battempts\x18\x17 \x01(\x05R\battempts\x12\x14\n" +
-	"\x05route\x18\x18 \x01(\tR\x05route\"\xdd\x01\n" +
+	"\x05route\x18\x18 \x01(\tR\x05route\x123\n" +
+	"\x15cache_creation_tokens\x18\xf0\x01 \x01(\x03R\x13cacheCreationTokens\"\xdd\x01\n" +
 	"\x0fGetSpendRequest\x121\n" +
 	"\x05scope\x18\x01 \x01(\x0e2\x1b.sluice.admin.v1.SpendScopeR\x05scope\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x129\n" +

@@ -39,8 +39,11 @@ type Team struct {
 	ModelGroupAliases map[string]string      `protobuf:"bytes,8,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	CreateTime        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	UpdateTime        *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Model group → its fallbacks for the team's keys (unless a key sets
+	// its own for that group); an empty list turns them off.
+	Fallbacks     map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Team) Reset() {
@@ -139,6 +142,13 @@ func (x *Team) GetCreateTime() *timestamppb.Timestamp {
 func (x *Team) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *Team) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
 	}
 	return nil
 }
@@ -245,12 +255,13 @@ func (x *TeamMember) GetUpdateTime() *timestamppb.Timestamp {
 type CreateTeamRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required for platform tokens; defaults to the token's org otherwise.
-	OrgId             string            `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
-	Name              string            `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	Limits            *Limits           `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
-	Metadata          map[string]string `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	TrafficClass      TrafficClass      `protobuf:"varint,5,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.admin.v1.TrafficClass" json:"traffic_class,omitempty"`
-	ModelGroupAliases map[string]string `protobuf:"bytes,6,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	OrgId             string                          `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	Name              string                          `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	Limits            *Limits                         `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	Metadata          map[string]string               `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TrafficClass      TrafficClass                    `protobuf:"varint,5,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.admin.v1.TrafficClass" json:"traffic_class,omitempty"`
+	ModelGroupAliases map[string]string               `protobuf:"bytes,6,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Fallbacks         map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -323,6 +334,13 @@ func (x *CreateTeamRequest) GetTrafficClass() TrafficClass {
 func (x *CreateTeamRequest) GetModelGroupAliases() map[string]string {
 	if x != nil {
 		return x.ModelGroupAliases
+	}
+	return nil
+}
+
+func (x *CreateTeamRequest) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
 	}
 	return nil
 }
@@ -1359,7 +1377,7 @@ var File_sluice_admin_v1_team_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_team_proto_rawDesc = "" +
 	"\n" +
-	"\x1asluice/admin/v1/team.proto\x12\x0fsluice.admin.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1csluice/admin/v1/common.proto\"\xec\x04\n" +
+	"\x1asluice/admin/v1/team.proto\x12\x0fsluice.admin.v1\x1a google/protobuf/field_mask.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1csluice/admin/v1/common.proto\"\x95\x06\n" +
 	"\x04Team\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x12\n" +
@@ -1373,13 +1391,17 @@ const file_sluice_admin_v1_team_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\x1a;\n" +
+	"updateTime\x12C\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v2$.sluice.admin.v1.Team.FallbacksEntryR\tfallbacks\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc9\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ab\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12:\n" +
+	"\x05value\x18\x02 \x01(\v2$.sluice.admin.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\xc9\x02\n" +
 	"\n" +
 	"TeamMember\x12\x17\n" +
 	"\ateam_id\x18\x01 \x01(\tR\x06teamId\x12\x17\n" +
@@ -1391,20 +1413,24 @@ const file_sluice_admin_v1_team_proto_rawDesc = "" +
 	"createTime\x12;\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTimeB\x15\n" +
-	"\x13_max_budget_in_team\"\xef\x03\n" +
+	"\x13_max_budget_in_team\"\xa5\x05\n" +
 	"\x11CreateTeamRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12/\n" +
 	"\x06limits\x18\x03 \x01(\v2\x17.sluice.admin.v1.LimitsR\x06limits\x12L\n" +
 	"\bmetadata\x18\x04 \x03(\v20.sluice.admin.v1.CreateTeamRequest.MetadataEntryR\bmetadata\x12B\n" +
 	"\rtraffic_class\x18\x05 \x01(\x0e2\x1d.sluice.admin.v1.TrafficClassR\ftrafficClass\x12i\n" +
-	"\x13model_group_aliases\x18\x06 \x03(\v29.sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntryR\x11modelGroupAliases\x1a;\n" +
+	"\x13model_group_aliases\x18\x06 \x03(\v29.sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntryR\x11modelGroupAliases\x12P\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v21.sluice.admin.v1.CreateTeamRequest.FallbacksEntryR\tfallbacks\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ab\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12:\n" +
+	"\x05value\x18\x02 \x01(\v2$.sluice.admin.v1.ModelGroupFallbacksR\x05value:\x028\x01\"?\n" +
 	"\x12CreateTeamResponse\x12)\n" +
 	"\x04team\x18\x01 \x01(\v2\x15.sluice.admin.v1.TeamR\x04team\" \n" +
 	"\x0eGetTeamRequest\x12\x0e\n" +
@@ -1495,7 +1521,7 @@ func file_sluice_admin_v1_team_proto_rawDescGZIP() []byte {
 	return file_sluice_admin_v1_team_proto_rawDescData
 }
 
-var file_sluice_admin_v1_team_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_sluice_admin_v1_team_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_sluice_admin_v1_team_proto_goTypes = []any{
 	(*Team)(nil),                     // 0: sluice.admin.v1.Team
 	(*TeamMember)(nil),               // 1: sluice.admin.v1.TeamMember
@@ -1523,68 +1549,75 @@ var file_sluice_admin_v1_team_proto_goTypes = []any{
 	(*ListTeamMembersResponse)(nil),  // 23: sluice.admin.v1.ListTeamMembersResponse
 	nil,                              // 24: sluice.admin.v1.Team.MetadataEntry
 	nil,                              // 25: sluice.admin.v1.Team.ModelGroupAliasesEntry
-	nil,                              // 26: sluice.admin.v1.CreateTeamRequest.MetadataEntry
-	nil,                              // 27: sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntry
-	(*Limits)(nil),                   // 28: sluice.admin.v1.Limits
-	(TrafficClass)(0),                // 29: sluice.admin.v1.TrafficClass
-	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil),    // 31: google.protobuf.FieldMask
+	nil,                              // 26: sluice.admin.v1.Team.FallbacksEntry
+	nil,                              // 27: sluice.admin.v1.CreateTeamRequest.MetadataEntry
+	nil,                              // 28: sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntry
+	nil,                              // 29: sluice.admin.v1.CreateTeamRequest.FallbacksEntry
+	(*Limits)(nil),                   // 30: sluice.admin.v1.Limits
+	(TrafficClass)(0),                // 31: sluice.admin.v1.TrafficClass
+	(*timestamppb.Timestamp)(nil),    // 32: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil),    // 33: google.protobuf.FieldMask
+	(*ModelGroupFallbacks)(nil),      // 34: sluice.admin.v1.ModelGroupFallbacks
 }
 var file_sluice_admin_v1_team_proto_depIdxs = []int32{
-	28, // 0: sluice.admin.v1.Team.limits:type_name -> sluice.admin.v1.Limits
+	30, // 0: sluice.admin.v1.Team.limits:type_name -> sluice.admin.v1.Limits
 	24, // 1: sluice.admin.v1.Team.metadata:type_name -> sluice.admin.v1.Team.MetadataEntry
-	29, // 2: sluice.admin.v1.Team.traffic_class:type_name -> sluice.admin.v1.TrafficClass
+	31, // 2: sluice.admin.v1.Team.traffic_class:type_name -> sluice.admin.v1.TrafficClass
 	25, // 3: sluice.admin.v1.Team.model_group_aliases:type_name -> sluice.admin.v1.Team.ModelGroupAliasesEntry
-	30, // 4: sluice.admin.v1.Team.create_time:type_name -> google.protobuf.Timestamp
-	30, // 5: sluice.admin.v1.Team.update_time:type_name -> google.protobuf.Timestamp
-	28, // 6: sluice.admin.v1.TeamMember.limits:type_name -> sluice.admin.v1.Limits
-	30, // 7: sluice.admin.v1.TeamMember.create_time:type_name -> google.protobuf.Timestamp
-	30, // 8: sluice.admin.v1.TeamMember.update_time:type_name -> google.protobuf.Timestamp
-	28, // 9: sluice.admin.v1.CreateTeamRequest.limits:type_name -> sluice.admin.v1.Limits
-	26, // 10: sluice.admin.v1.CreateTeamRequest.metadata:type_name -> sluice.admin.v1.CreateTeamRequest.MetadataEntry
-	29, // 11: sluice.admin.v1.CreateTeamRequest.traffic_class:type_name -> sluice.admin.v1.TrafficClass
-	27, // 12: sluice.admin.v1.CreateTeamRequest.model_group_aliases:type_name -> sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntry
-	0,  // 13: sluice.admin.v1.CreateTeamResponse.team:type_name -> sluice.admin.v1.Team
-	0,  // 14: sluice.admin.v1.GetTeamResponse.team:type_name -> sluice.admin.v1.Team
-	0,  // 15: sluice.admin.v1.ListTeamsResponse.teams:type_name -> sluice.admin.v1.Team
-	0,  // 16: sluice.admin.v1.UpdateTeamRequest.team:type_name -> sluice.admin.v1.Team
-	31, // 17: sluice.admin.v1.UpdateTeamRequest.update_mask:type_name -> google.protobuf.FieldMask
-	0,  // 18: sluice.admin.v1.UpdateTeamResponse.team:type_name -> sluice.admin.v1.Team
-	0,  // 19: sluice.admin.v1.BlockTeamResponse.team:type_name -> sluice.admin.v1.Team
-	0,  // 20: sluice.admin.v1.UnblockTeamResponse.team:type_name -> sluice.admin.v1.Team
-	28, // 21: sluice.admin.v1.AddTeamMemberRequest.limits:type_name -> sluice.admin.v1.Limits
-	1,  // 22: sluice.admin.v1.AddTeamMemberResponse.member:type_name -> sluice.admin.v1.TeamMember
-	1,  // 23: sluice.admin.v1.UpdateTeamMemberRequest.member:type_name -> sluice.admin.v1.TeamMember
-	31, // 24: sluice.admin.v1.UpdateTeamMemberRequest.update_mask:type_name -> google.protobuf.FieldMask
-	1,  // 25: sluice.admin.v1.UpdateTeamMemberResponse.member:type_name -> sluice.admin.v1.TeamMember
-	1,  // 26: sluice.admin.v1.ListTeamMembersResponse.members:type_name -> sluice.admin.v1.TeamMember
-	2,  // 27: sluice.admin.v1.TeamService.CreateTeam:input_type -> sluice.admin.v1.CreateTeamRequest
-	4,  // 28: sluice.admin.v1.TeamService.GetTeam:input_type -> sluice.admin.v1.GetTeamRequest
-	6,  // 29: sluice.admin.v1.TeamService.ListTeams:input_type -> sluice.admin.v1.ListTeamsRequest
-	8,  // 30: sluice.admin.v1.TeamService.UpdateTeam:input_type -> sluice.admin.v1.UpdateTeamRequest
-	10, // 31: sluice.admin.v1.TeamService.DeleteTeam:input_type -> sluice.admin.v1.DeleteTeamRequest
-	12, // 32: sluice.admin.v1.TeamService.BlockTeam:input_type -> sluice.admin.v1.BlockTeamRequest
-	14, // 33: sluice.admin.v1.TeamService.UnblockTeam:input_type -> sluice.admin.v1.UnblockTeamRequest
-	16, // 34: sluice.admin.v1.TeamService.AddTeamMember:input_type -> sluice.admin.v1.AddTeamMemberRequest
-	18, // 35: sluice.admin.v1.TeamService.UpdateTeamMember:input_type -> sluice.admin.v1.UpdateTeamMemberRequest
-	20, // 36: sluice.admin.v1.TeamService.RemoveTeamMember:input_type -> sluice.admin.v1.RemoveTeamMemberRequest
-	22, // 37: sluice.admin.v1.TeamService.ListTeamMembers:input_type -> sluice.admin.v1.ListTeamMembersRequest
-	3,  // 38: sluice.admin.v1.TeamService.CreateTeam:output_type -> sluice.admin.v1.CreateTeamResponse
-	5,  // 39: sluice.admin.v1.TeamService.GetTeam:output_type -> sluice.admin.v1.GetTeamResponse
-	7,  // 40: sluice.admin.v1.TeamService.ListTeams:output_type -> sluice.admin.v1.ListTeamsResponse
-	9,  // 41: sluice.admin.v1.TeamService.UpdateTeam:output_type -> sluice.admin.v1.UpdateTeamResponse
-	11, // 42: sluice.admin.v1.TeamService.DeleteTeam:output_type -> sluice.admin.v1.DeleteTeamResponse
-	13, // 43: sluice.admin.v1.TeamService.BlockTeam:output_type -> sluice.admin.v1.BlockTeamResponse
-	15, // 44: sluice.admin.v1.TeamService.UnblockTeam:output_type -> sluice.admin.v1.UnblockTeamResponse
-	17, // 45: sluice.admin.v1.TeamService.AddTeamMember:output_type -> sluice.admin.v1.AddTeamMemberResponse
-	19, // 46: sluice.admin.v1.TeamService.UpdateTeamMember:output_type -> sluice.admin.v1.UpdateTeamMemberResponse
-	21, // 47: sluice.admin.v1.TeamService.RemoveTeamMember:output_type -> sluice.admin.v1.RemoveTeamMemberResponse
-	23, // 48: sluice.admin.v1.TeamService.ListTeamMembers:output_type -> sluice.admin.v1.ListTeamMembersResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	32, // 4: sluice.admin.v1.Team.create_time:type_name -> google.protobuf.Timestamp
+	32, // 5: sluice.admin.v1.Team.update_time:type_name -> google.protobuf.Timestamp
+	26, // 6: sluice.admin.v1.Team.fallbacks:type_name -> sluice.admin.v1.Team.FallbacksEntry
+	30, // 7: sluice.admin.v1.TeamMember.limits:type_name -> sluice.admin.v1.Limits
+	32, // 8: sluice.admin.v1.TeamMember.create_time:type_name -> google.protobuf.Timestamp
+	32, // 9: sluice.admin.v1.TeamMember.update_time:type_name -> google.protobuf.Timestamp
+	30, // 10: sluice.admin.v1.CreateTeamRequest.limits:type_name -> sluice.admin.v1.Limits
+	27, // 11: sluice.admin.v1.CreateTeamRequest.metadata:type_name -> sluice.admin.v1.CreateTeamRequest.MetadataEntry
+	31, // 12: sluice.admin.v1.CreateTeamRequest.traffic_class:type_name -> sluice.admin.v1.TrafficClass
+	28, // 13: sluice.admin.v1.CreateTeamRequest.model_group_aliases:type_name -> sluice.admin.v1.CreateTeamRequest.ModelGroupAliasesEntry
+	29, // 14: sluice.admin.v1.CreateTeamRequest.fallbacks:type_name -> sluice.admin.v1.CreateTeamRequest.FallbacksEntry
+	0,  // 15: sluice.admin.v1.CreateTeamResponse.team:type_name -> sluice.admin.v1.Team
+	0,  // 16: sluice.admin.v1.GetTeamResponse.team:type_name -> sluice.admin.v1.Team
+	0,  // 17: sluice.admin.v1.ListTeamsResponse.teams:type_name -> sluice.admin.v1.Team
+	0,  // 18: sluice.admin.v1.UpdateTeamRequest.team:type_name -> sluice.admin.v1.Team
+	33, // 19: sluice.admin.v1.UpdateTeamRequest.update_mask:type_name -> google.protobuf.FieldMask
+	0,  // 20: sluice.admin.v1.UpdateTeamResponse.team:type_name -> sluice.admin.v1.Team
+	0,  // 21: sluice.admin.v1.BlockTeamResponse.team:type_name -> sluice.admin.v1.Team
+	0,  // 22: sluice.admin.v1.UnblockTeamResponse.team:type_name -> sluice.admin.v1.Team
+	30, // 23: sluice.admin.v1.AddTeamMemberRequest.limits:type_name -> sluice.admin.v1.Limits
+	1,  // 24: sluice.admin.v1.AddTeamMemberResponse.member:type_name -> sluice.admin.v1.TeamMember
+	1,  // 25: sluice.admin.v1.UpdateTeamMemberRequest.member:type_name -> sluice.admin.v1.TeamMember
+	33, // 26: sluice.admin.v1.UpdateTeamMemberRequest.update_mask:type_name -> google.protobuf.FieldMask
+	1,  // 27: sluice.admin.v1.UpdateTeamMemberResponse.member:type_name -> sluice.admin.v1.TeamMember
+	1,  // 28: sluice.admin.v1.ListTeamMembersResponse.members:type_name -> sluice.admin.v1.TeamMember
+	34, // 29: sluice.admin.v1.Team.FallbacksEntry.value:type_name -> sluice.admin.v1.ModelGroupFallbacks
+	34, // 30: sluice.admin.v1.CreateTeamRequest.FallbacksEntry.value:type_name -> sluice.admin.v1.ModelGroupFallbacks
+	2,  // 31: sluice.admin.v1.TeamService.CreateTeam:input_type -> sluice.admin.v1.CreateTeamRequest
+	4,  // 32: sluice.admin.v1.TeamService.GetTeam:input_type -> sluice.admin.v1.GetTeamRequest
+	6,  // 33: sluice.admin.v1.TeamService.ListTeams:input_type -> sluice.admin.v1.ListTeamsRequest
+	8,  // 34: sluice.admin.v1.TeamService.UpdateTeam:input_type -> sluice.admin.v1.UpdateTeamRequest
+	10, // 35: sluice.admin.v1.TeamService.DeleteTeam:input_type -> sluice.admin.v1.DeleteTeamRequest
+	12, // 36: sluice.admin.v1.TeamService.BlockTeam:input_type -> sluice.admin.v1.BlockTeamRequest
+	14, // 37: sluice.admin.v1.TeamService.UnblockTeam:input_type -> sluice.admin.v1.UnblockTeamRequest
+	16, // 38: sluice.admin.v1.TeamService.AddTeamMember:input_type -> sluice.admin.v1.AddTeamMemberRequest
+	18, // 39: sluice.admin.v1.TeamService.UpdateTeamMember:input_type -> sluice.admin.v1.UpdateTeamMemberRequest
+	20, // 40: sluice.admin.v1.TeamService.RemoveTeamMember:input_type -> sluice.admin.v1.RemoveTeamMemberRequest
+	22, // 41: sluice.admin.v1.TeamService.ListTeamMembers:input_type -> sluice.admin.v1.ListTeamMembersRequest
+	3,  // 42: sluice.admin.v1.TeamService.CreateTeam:output_type -> sluice.admin.v1.CreateTeamResponse
+	5,  // 43: sluice.admin.v1.TeamService.GetTeam:output_type -> sluice.admin.v1.GetTeamResponse
+	7,  // 44: sluice.admin.v1.TeamService.ListTeams:output_type -> sluice.admin.v1.ListTeamsResponse
+	9,  // 45: sluice.admin.v1.TeamService.UpdateTeam:output_type -> sluice.admin.v1.UpdateTeamResponse
+	11, // 46: sluice.admin.v1.TeamService.DeleteTeam:output_type -> sluice.admin.v1.DeleteTeamResponse
+	13, // 47: sluice.admin.v1.TeamService.BlockTeam:output_type -> sluice.admin.v1.BlockTeamResponse
+	15, // 48: sluice.admin.v1.TeamService.UnblockTeam:output_type -> sluice.admin.v1.UnblockTeamResponse
+	17, // 49: sluice.admin.v1.TeamService.AddTeamMember:output_type -> sluice.admin.v1.AddTeamMemberResponse
+	19, // 50: sluice.admin.v1.TeamService.UpdateTeamMember:output_type -> sluice.admin.v1.UpdateTeamMemberResponse
+	21, // 51: sluice.admin.v1.TeamService.RemoveTeamMember:output_type -> sluice.admin.v1.RemoveTeamMemberResponse
+	23, // 52: sluice.admin.v1.TeamService.ListTeamMembers:output_type -> sluice.admin.v1.ListTeamMembersResponse
+	42, // [42:53] is the sub-list for method output_type
+	31, // [31:42] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_team_proto_init() }
@@ -1602,7 +1635,7 @@ func file_sluice_admin_v1_team_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_team_proto_rawDesc), len(file_sluice_admin_v1_team_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -151,9 +151,13 @@ type AdminToken struct {
 	RevokeTime    *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=revoke_time,json=revokeTime,proto3" json:"revoke_time,omitempty"`
 	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// Principal that created the token ("bootstrap" or an admin token id).
-	CreatedBy     string `protobuf:"bytes,12,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreatedBy string `protobuf:"bytes,12,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// Set after RotateAdminToken with a grace: until then the previous
+	// secret keeps working; from then on it is refused.
+	PreviousValidUntil *timestamppb.Timestamp `protobuf:"bytes,220,opt,name=previous_valid_until,json=previousValidUntil,proto3" json:"previous_valid_until,omitempty"`
+	RotateTime         *timestamppb.Timestamp `protobuf:"bytes,221,opt,name=rotate_time,json=rotateTime,proto3" json:"rotate_time,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *AdminToken) Reset() {
@@ -268,6 +272,20 @@ func (x *AdminToken) GetCreatedBy() string {
 		return x.CreatedBy
 	}
 	return ""
+}
+
+func (x *AdminToken) GetPreviousValidUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PreviousValidUntil
+	}
+	return nil
+}
+
+func (x *AdminToken) GetRotateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RotateTime
+	}
+	return nil
 }
 
 type CreateAdminTokenRequest struct {
@@ -625,6 +643,86 @@ func (x *RevokeAdminTokenResponse) GetAdminToken() *AdminToken {
 	return nil
 }
 
+type DeleteAdminTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdminTokenRequest) Reset() {
+	*x = DeleteAdminTokenRequest{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdminTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdminTokenRequest) ProtoMessage() {}
+
+func (x *DeleteAdminTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdminTokenRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAdminTokenRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteAdminTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteAdminTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAdminTokenResponse) Reset() {
+	*x = DeleteAdminTokenResponse{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAdminTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAdminTokenResponse) ProtoMessage() {}
+
+func (x *DeleteAdminTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAdminTokenResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAdminTokenResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{8}
+}
+
 type WhoAmIRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -633,7 +731,7 @@ type WhoAmIRequest struct {
 
 func (x *WhoAmIRequest) Reset() {
 	*x = WhoAmIRequest{}
-	mi := &file_sluice_admin_v1_token_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +743,7 @@ func (x *WhoAmIRequest) String() string {
 func (*WhoAmIRequest) ProtoMessage() {}
 
 func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_token_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +756,7 @@ func (x *WhoAmIRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIRequest.ProtoReflect.Descriptor instead.
 func (*WhoAmIRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{7}
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{9}
 }
 
 type WhoAmIResponse struct {
@@ -677,7 +775,7 @@ type WhoAmIResponse struct {
 
 func (x *WhoAmIResponse) Reset() {
 	*x = WhoAmIResponse{}
-	mi := &file_sluice_admin_v1_token_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +787,7 @@ func (x *WhoAmIResponse) String() string {
 func (*WhoAmIResponse) ProtoMessage() {}
 
 func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_token_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +800,7 @@ func (x *WhoAmIResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WhoAmIResponse.ProtoReflect.Descriptor instead.
 func (*WhoAmIResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{8}
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WhoAmIResponse) GetPrincipal() string {
@@ -754,11 +852,217 @@ func (x *WhoAmIResponse) GetExpireTime() *timestamppb.Timestamp {
 	return nil
 }
 
+type RotateAdminTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How long the previous secret keeps working, as for keys' RotateKey:
+	// e.g. "90s", "24h" or "7d", at most 30d; empty or zero: the previous
+	// secret is refused from the next request on.
+	GracePeriod   string `protobuf:"bytes,2,opt,name=grace_period,json=gracePeriod,proto3" json:"grace_period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateAdminTokenRequest) Reset() {
+	*x = RotateAdminTokenRequest{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateAdminTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateAdminTokenRequest) ProtoMessage() {}
+
+func (x *RotateAdminTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateAdminTokenRequest.ProtoReflect.Descriptor instead.
+func (*RotateAdminTokenRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RotateAdminTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RotateAdminTokenRequest) GetGracePeriod() string {
+	if x != nil {
+		return x.GracePeriod
+	}
+	return ""
+}
+
+type RotateAdminTokenResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AdminToken *AdminToken            `protobuf:"bytes,1,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
+	// The new token. Shown once.
+	Token         string `protobuf:"bytes,2,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateAdminTokenResponse) Reset() {
+	*x = RotateAdminTokenResponse{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateAdminTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateAdminTokenResponse) ProtoMessage() {}
+
+func (x *RotateAdminTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateAdminTokenResponse.ProtoReflect.Descriptor instead.
+func (*RotateAdminTokenResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RotateAdminTokenResponse) GetAdminToken() *AdminToken {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
+}
+
+func (x *RotateAdminTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+type UpdateAdminTokenExpiryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The new expiry; unset clears it (the token then lives as long as the
+	// tokens that created it).
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateAdminTokenExpiryRequest) Reset() {
+	*x = UpdateAdminTokenExpiryRequest{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateAdminTokenExpiryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateAdminTokenExpiryRequest) ProtoMessage() {}
+
+func (x *UpdateAdminTokenExpiryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateAdminTokenExpiryRequest.ProtoReflect.Descriptor instead.
+func (*UpdateAdminTokenExpiryRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UpdateAdminTokenExpiryRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *UpdateAdminTokenExpiryRequest) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+type UpdateAdminTokenExpiryResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AdminToken    *AdminToken            `protobuf:"bytes,1,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateAdminTokenExpiryResponse) Reset() {
+	*x = UpdateAdminTokenExpiryResponse{}
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateAdminTokenExpiryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateAdminTokenExpiryResponse) ProtoMessage() {}
+
+func (x *UpdateAdminTokenExpiryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_token_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateAdminTokenExpiryResponse.ProtoReflect.Descriptor instead.
+func (*UpdateAdminTokenExpiryResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_token_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UpdateAdminTokenExpiryResponse) GetAdminToken() *AdminToken {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
+}
+
 var File_sluice_admin_v1_token_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_token_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/admin/v1/token.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x03\n" +
+	"\x1bsluice/admin/v1/token.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\x04\n" +
 	"\n" +
 	"AdminToken\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
@@ -777,7 +1081,10 @@ const file_sluice_admin_v1_token_proto_rawDesc = "" +
 	"\vcreate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x1d\n" +
 	"\n" +
-	"created_by\x18\f \x01(\tR\tcreatedBy\"\xf3\x01\n" +
+	"created_by\x18\f \x01(\tR\tcreatedBy\x12M\n" +
+	"\x14previous_valid_until\x18\xdc\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x12previousValidUntil\x12<\n" +
+	"\vrotate_time\x18\xdd\x01 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"rotateTime\"\xf3\x01\n" +
 	"\x17CreateAdminTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12,\n" +
 	"\x05scope\x18\x02 \x01(\x0e2\x16.sluice.admin.v1.ScopeR\x05scope\x12\x15\n" +
@@ -804,7 +1111,10 @@ const file_sluice_admin_v1_token_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"X\n" +
 	"\x18RevokeAdminTokenResponse\x12<\n" +
 	"\vadmin_token\x18\x01 \x01(\v2\x1b.sluice.admin.v1.AdminTokenR\n" +
-	"adminToken\"\x0f\n" +
+	"adminToken\")\n" +
+	"\x17DeleteAdminTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x1a\n" +
+	"\x18DeleteAdminTokenResponse\"\x0f\n" +
 	"\rWhoAmIRequest\"\x88\x02\n" +
 	"\x0eWhoAmIResponse\x12\x1c\n" +
 	"\tprincipal\x18\x01 \x01(\tR\tprincipal\x12\x12\n" +
@@ -814,7 +1124,21 @@ const file_sluice_admin_v1_token_proto_rawDesc = "" +
 	"\ateam_id\x18\x05 \x01(\tR\x06teamId\x12)\n" +
 	"\x04role\x18\x06 \x01(\x0e2\x15.sluice.admin.v1.RoleR\x04role\x12;\n" +
 	"\vexpire_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime*Q\n" +
+	"expireTime\"L\n" +
+	"\x17RotateAdminTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fgrace_period\x18\x02 \x01(\tR\vgracePeriod\"n\n" +
+	"\x18RotateAdminTokenResponse\x12<\n" +
+	"\vadmin_token\x18\x01 \x01(\v2\x1b.sluice.admin.v1.AdminTokenR\n" +
+	"adminToken\x12\x14\n" +
+	"\x05token\x18\x02 \x01(\tR\x05token\"l\n" +
+	"\x1dUpdateAdminTokenExpiryRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12;\n" +
+	"\vexpire_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"^\n" +
+	"\x1eUpdateAdminTokenExpiryResponse\x12<\n" +
+	"\vadmin_token\x18\x01 \x01(\v2\x1b.sluice.admin.v1.AdminTokenR\n" +
+	"adminToken*Q\n" +
 	"\x05Scope\x12\x15\n" +
 	"\x11SCOPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eSCOPE_PLATFORM\x10\x01\x12\r\n" +
@@ -826,11 +1150,14 @@ const file_sluice_admin_v1_token_proto_rawDesc = "" +
 	"\vROLE_VIEWER\x10\x01\x12\x0f\n" +
 	"\vROLE_EDITOR\x10\x02\x12\x0e\n" +
 	"\n" +
-	"ROLE_ADMIN\x10\x032\xa0\x03\n" +
+	"ROLE_ADMIN\x10\x032\xed\x05\n" +
 	"\x11AdminTokenService\x12g\n" +
 	"\x10CreateAdminToken\x12(.sluice.admin.v1.CreateAdminTokenRequest\x1a).sluice.admin.v1.CreateAdminTokenResponse\x12i\n" +
 	"\x0fListAdminTokens\x12'.sluice.admin.v1.ListAdminTokensRequest\x1a(.sluice.admin.v1.ListAdminTokensResponse\"\x03\x90\x02\x01\x12g\n" +
-	"\x10RevokeAdminToken\x12(.sluice.admin.v1.RevokeAdminTokenRequest\x1a).sluice.admin.v1.RevokeAdminTokenResponse\x12N\n" +
+	"\x10RevokeAdminToken\x12(.sluice.admin.v1.RevokeAdminTokenRequest\x1a).sluice.admin.v1.RevokeAdminTokenResponse\x12g\n" +
+	"\x10DeleteAdminToken\x12(.sluice.admin.v1.DeleteAdminTokenRequest\x1a).sluice.admin.v1.DeleteAdminTokenResponse\x12g\n" +
+	"\x10RotateAdminToken\x12(.sluice.admin.v1.RotateAdminTokenRequest\x1a).sluice.admin.v1.RotateAdminTokenResponse\x12y\n" +
+	"\x16UpdateAdminTokenExpiry\x12..sluice.admin.v1.UpdateAdminTokenExpiryRequest\x1a/.sluice.admin.v1.UpdateAdminTokenExpiryResponse\x12N\n" +
 	"\x06WhoAmI\x12\x1e.sluice.admin.v1.WhoAmIRequest\x1a\x1f.sluice.admin.v1.WhoAmIResponse\"\x03\x90\x02\x01B>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
 
 var (
@@ -846,49 +1173,66 @@ func file_sluice_admin_v1_token_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_admin_v1_token_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_admin_v1_token_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_sluice_admin_v1_token_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_sluice_admin_v1_token_proto_goTypes = []any{
-	(Scope)(0),                       // 0: sluice.admin.v1.Scope
-	(Role)(0),                        // 1: sluice.admin.v1.Role
-	(*AdminToken)(nil),               // 2: sluice.admin.v1.AdminToken
-	(*CreateAdminTokenRequest)(nil),  // 3: sluice.admin.v1.CreateAdminTokenRequest
-	(*CreateAdminTokenResponse)(nil), // 4: sluice.admin.v1.CreateAdminTokenResponse
-	(*ListAdminTokensRequest)(nil),   // 5: sluice.admin.v1.ListAdminTokensRequest
-	(*ListAdminTokensResponse)(nil),  // 6: sluice.admin.v1.ListAdminTokensResponse
-	(*RevokeAdminTokenRequest)(nil),  // 7: sluice.admin.v1.RevokeAdminTokenRequest
-	(*RevokeAdminTokenResponse)(nil), // 8: sluice.admin.v1.RevokeAdminTokenResponse
-	(*WhoAmIRequest)(nil),            // 9: sluice.admin.v1.WhoAmIRequest
-	(*WhoAmIResponse)(nil),           // 10: sluice.admin.v1.WhoAmIResponse
-	(*timestamppb.Timestamp)(nil),    // 11: google.protobuf.Timestamp
+	(Scope)(0),                             // 0: sluice.admin.v1.Scope
+	(Role)(0),                              // 1: sluice.admin.v1.Role
+	(*AdminToken)(nil),                     // 2: sluice.admin.v1.AdminToken
+	(*CreateAdminTokenRequest)(nil),        // 3: sluice.admin.v1.CreateAdminTokenRequest
+	(*CreateAdminTokenResponse)(nil),       // 4: sluice.admin.v1.CreateAdminTokenResponse
+	(*ListAdminTokensRequest)(nil),         // 5: sluice.admin.v1.ListAdminTokensRequest
+	(*ListAdminTokensResponse)(nil),        // 6: sluice.admin.v1.ListAdminTokensResponse
+	(*RevokeAdminTokenRequest)(nil),        // 7: sluice.admin.v1.RevokeAdminTokenRequest
+	(*RevokeAdminTokenResponse)(nil),       // 8: sluice.admin.v1.RevokeAdminTokenResponse
+	(*DeleteAdminTokenRequest)(nil),        // 9: sluice.admin.v1.DeleteAdminTokenRequest
+	(*DeleteAdminTokenResponse)(nil),       // 10: sluice.admin.v1.DeleteAdminTokenResponse
+	(*WhoAmIRequest)(nil),                  // 11: sluice.admin.v1.WhoAmIRequest
+	(*WhoAmIResponse)(nil),                 // 12: sluice.admin.v1.WhoAmIResponse
+	(*RotateAdminTokenRequest)(nil),        // 13: sluice.admin.v1.RotateAdminTokenRequest
+	(*RotateAdminTokenResponse)(nil),       // 14: sluice.admin.v1.RotateAdminTokenResponse
+	(*UpdateAdminTokenExpiryRequest)(nil),  // 15: sluice.admin.v1.UpdateAdminTokenExpiryRequest
+	(*UpdateAdminTokenExpiryResponse)(nil), // 16: sluice.admin.v1.UpdateAdminTokenExpiryResponse
+	(*timestamppb.Timestamp)(nil),          // 17: google.protobuf.Timestamp
 }
 var file_sluice_admin_v1_token_proto_depIdxs = []int32{
 	0,  // 0: sluice.admin.v1.AdminToken.scope:type_name -> sluice.admin.v1.Scope
 	1,  // 1: sluice.admin.v1.AdminToken.role:type_name -> sluice.admin.v1.Role
-	11, // 2: sluice.admin.v1.AdminToken.expire_time:type_name -> google.protobuf.Timestamp
-	11, // 3: sluice.admin.v1.AdminToken.revoke_time:type_name -> google.protobuf.Timestamp
-	11, // 4: sluice.admin.v1.AdminToken.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 5: sluice.admin.v1.CreateAdminTokenRequest.scope:type_name -> sluice.admin.v1.Scope
-	1,  // 6: sluice.admin.v1.CreateAdminTokenRequest.role:type_name -> sluice.admin.v1.Role
-	11, // 7: sluice.admin.v1.CreateAdminTokenRequest.expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 8: sluice.admin.v1.CreateAdminTokenResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
-	2,  // 9: sluice.admin.v1.ListAdminTokensResponse.admin_tokens:type_name -> sluice.admin.v1.AdminToken
-	2,  // 10: sluice.admin.v1.RevokeAdminTokenResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
-	0,  // 11: sluice.admin.v1.WhoAmIResponse.scope:type_name -> sluice.admin.v1.Scope
-	1,  // 12: sluice.admin.v1.WhoAmIResponse.role:type_name -> sluice.admin.v1.Role
-	11, // 13: sluice.admin.v1.WhoAmIResponse.expire_time:type_name -> google.protobuf.Timestamp
-	3,  // 14: sluice.admin.v1.AdminTokenService.CreateAdminToken:input_type -> sluice.admin.v1.CreateAdminTokenRequest
-	5,  // 15: sluice.admin.v1.AdminTokenService.ListAdminTokens:input_type -> sluice.admin.v1.ListAdminTokensRequest
-	7,  // 16: sluice.admin.v1.AdminTokenService.RevokeAdminToken:input_type -> sluice.admin.v1.RevokeAdminTokenRequest
-	9,  // 17: sluice.admin.v1.AdminTokenService.WhoAmI:input_type -> sluice.admin.v1.WhoAmIRequest
-	4,  // 18: sluice.admin.v1.AdminTokenService.CreateAdminToken:output_type -> sluice.admin.v1.CreateAdminTokenResponse
-	6,  // 19: sluice.admin.v1.AdminTokenService.ListAdminTokens:output_type -> sluice.admin.v1.ListAdminTokensResponse
-	8,  // 20: sluice.admin.v1.AdminTokenService.RevokeAdminToken:output_type -> sluice.admin.v1.RevokeAdminTokenResponse
-	10, // 21: sluice.admin.v1.AdminTokenService.WhoAmI:output_type -> sluice.admin.v1.WhoAmIResponse
-	18, // [18:22] is the sub-list for method output_type
-	14, // [14:18] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	17, // 2: sluice.admin.v1.AdminToken.expire_time:type_name -> google.protobuf.Timestamp
+	17, // 3: sluice.admin.v1.AdminToken.revoke_time:type_name -> google.protobuf.Timestamp
+	17, // 4: sluice.admin.v1.AdminToken.create_time:type_name -> google.protobuf.Timestamp
+	17, // 5: sluice.admin.v1.AdminToken.previous_valid_until:type_name -> google.protobuf.Timestamp
+	17, // 6: sluice.admin.v1.AdminToken.rotate_time:type_name -> google.protobuf.Timestamp
+	0,  // 7: sluice.admin.v1.CreateAdminTokenRequest.scope:type_name -> sluice.admin.v1.Scope
+	1,  // 8: sluice.admin.v1.CreateAdminTokenRequest.role:type_name -> sluice.admin.v1.Role
+	17, // 9: sluice.admin.v1.CreateAdminTokenRequest.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 10: sluice.admin.v1.CreateAdminTokenResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
+	2,  // 11: sluice.admin.v1.ListAdminTokensResponse.admin_tokens:type_name -> sluice.admin.v1.AdminToken
+	2,  // 12: sluice.admin.v1.RevokeAdminTokenResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
+	0,  // 13: sluice.admin.v1.WhoAmIResponse.scope:type_name -> sluice.admin.v1.Scope
+	1,  // 14: sluice.admin.v1.WhoAmIResponse.role:type_name -> sluice.admin.v1.Role
+	17, // 15: sluice.admin.v1.WhoAmIResponse.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 16: sluice.admin.v1.RotateAdminTokenResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
+	17, // 17: sluice.admin.v1.UpdateAdminTokenExpiryRequest.expire_time:type_name -> google.protobuf.Timestamp
+	2,  // 18: sluice.admin.v1.UpdateAdminTokenExpiryResponse.admin_token:type_name -> sluice.admin.v1.AdminToken
+	3,  // 19: sluice.admin.v1.AdminTokenService.CreateAdminToken:input_type -> sluice.admin.v1.CreateAdminTokenRequest
+	5,  // 20: sluice.admin.v1.AdminTokenService.ListAdminTokens:input_type -> sluice.admin.v1.ListAdminTokensRequest
+	7,  // 21: sluice.admin.v1.AdminTokenService.RevokeAdminToken:input_type -> sluice.admin.v1.RevokeAdminTokenRequest
+	9,  // 22: sluice.admin.v1.AdminTokenService.DeleteAdminToken:input_type -> sluice.admin.v1.DeleteAdminTokenRequest
+	13, // 23: sluice.admin.v1.AdminTokenService.RotateAdminToken:input_type -> sluice.admin.v1.RotateAdminTokenRequest
+	15, // 24: sluice.admin.v1.AdminTokenService.UpdateAdminTokenExpiry:input_type -> sluice.admin.v1.UpdateAdminTokenExpiryRequest
+	11, // 25: sluice.admin.v1.AdminTokenService.WhoAmI:input_type -> sluice.admin.v1.WhoAmIRequest
+	4,  // 26: sluice.admin.v1.AdminTokenService.CreateAdminToken:output_type -> sluice.admin.v1.CreateAdminTokenResponse
+	6,  // 27: sluice.admin.v1.AdminTokenService.ListAdminTokens:output_type -> sluice.admin.v1.ListAdminTokensResponse
+	8,  // 28: sluice.admin.v1.AdminTokenService.RevokeAdminToken:output_type -> sluice.admin.v1.RevokeAdminTokenResponse
+	10, // 29: sluice.admin.v1.AdminTokenService.DeleteAdminToken:output_type -> sluice.admin.v1.DeleteAdminTokenResponse
+	14, // 30: sluice.admin.v1.AdminTokenService.RotateAdminToken:output_type -> sluice.admin.v1.RotateAdminTokenResponse
+	16, // 31: sluice.admin.v1.AdminTokenService.UpdateAdminTokenExpiry:output_type -> sluice.admin.v1.UpdateAdminTokenExpiryResponse
+	12, // 32: sluice.admin.v1.AdminTokenService.WhoAmI:output_type -> sluice.admin.v1.WhoAmIResponse
+	26, // [26:33] is the sub-list for method output_type
+	19, // [19:26] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_token_proto_init() }
@@ -902,7 +1246,7 @@ func file_sluice_admin_v1_token_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_token_proto_rawDesc), len(file_sluice_admin_v1_token_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   9,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

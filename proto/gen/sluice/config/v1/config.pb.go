@@ -78,6 +78,60 @@ func (TrafficClass) EnumDescriptor() ([]byte, []int) {
 	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{0}
 }
 
+// UnknownIdentityPolicy says what a trusted issuer's token whose team (or
+// user) claim names no team (or user) of the org gets.
+type UnknownIdentityPolicy int32
+
+const (
+	UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_UNSPECIFIED UnknownIdentityPolicy = 0
+	// The token is refused (401).
+	UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_REFUSE UnknownIdentityPolicy = 1
+	// The request runs as default_team_id; an unknown user is not
+	// attributed (team-level limits and budgets apply).
+	UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_DEFAULT_TEAM UnknownIdentityPolicy = 2
+)
+
+// Enum value maps for UnknownIdentityPolicy.
+var (
+	UnknownIdentityPolicy_name = map[int32]string{
+		0: "UNKNOWN_IDENTITY_POLICY_UNSPECIFIED",
+		1: "UNKNOWN_IDENTITY_POLICY_REFUSE",
+		2: "UNKNOWN_IDENTITY_POLICY_DEFAULT_TEAM",
+	}
+	UnknownIdentityPolicy_value = map[string]int32{
+		"UNKNOWN_IDENTITY_POLICY_UNSPECIFIED":  0,
+		"UNKNOWN_IDENTITY_POLICY_REFUSE":       1,
+		"UNKNOWN_IDENTITY_POLICY_DEFAULT_TEAM": 2,
+	}
+)
+
+func (x UnknownIdentityPolicy) Enum() *UnknownIdentityPolicy {
+	p := new(UnknownIdentityPolicy)
+	*p = x
+	return p
+}
+
+func (x UnknownIdentityPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (UnknownIdentityPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_sluice_config_v1_config_proto_enumTypes[1].Descriptor()
+}
+
+func (UnknownIdentityPolicy) Type() protoreflect.EnumType {
+	return &file_sluice_config_v1_config_proto_enumTypes[1]
+}
+
+func (x UnknownIdentityPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use UnknownIdentityPolicy.Descriptor instead.
+func (UnknownIdentityPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{1}
+}
+
 // Limits mirrors sluice.admin.v1.Limits: unset means no limit at a level.
 type Limits struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -204,10 +258,14 @@ func (x *Limits) GetRateLimitFallback() string {
 }
 
 type Org struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Limits        *Limits                `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
-	Blocked       bool                   `protobuf:"varint,3,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Limits  *Limits                `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	Blocked bool                   `protobuf:"varint,3,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	// How the org's requests are classed (SPEC §1, §7 step 3); absent: every
+	// request without a credential class is interactive, no rules, no
+	// demotion.
+	Traffic       *OrgTraffic `protobuf:"bytes,4,opt,name=traffic,proto3" json:"traffic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +321,470 @@ func (x *Org) GetBlocked() bool {
 	return false
 }
 
+func (x *Org) GetTraffic() *OrgTraffic {
+	if x != nil {
+		return x.Traffic
+	}
+	return nil
+}
+
+// OrgTraffic mirrors sluice.admin.v1.OrgTraffic (same field names: the
+// control plane stores the admin message as JSON and converts).
+type OrgTraffic struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Class of requests whose credential (key, then team) names none and that
+	// no rule matches; unspecified: interactive.
+	DefaultClass TrafficClass `protobuf:"varint,1,opt,name=default_class,json=defaultClass,proto3,enum=sluice.config.v1.TrafficClass" json:"default_class,omitempty"`
+	// Ordered: the first rule whose header value matches classifies. Rules
+	// apply only when the credential names no class.
+	Rules         []*ClassificationRule `protobuf:"bytes,2,rep,name=rules,proto3" json:"rules,omitempty"`
+	Demotion      *Demotion             `protobuf:"bytes,3,opt,name=demotion,proto3" json:"demotion,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OrgTraffic) Reset() {
+	*x = OrgTraffic{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OrgTraffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OrgTraffic) ProtoMessage() {}
+
+func (x *OrgTraffic) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OrgTraffic.ProtoReflect.Descriptor instead.
+func (*OrgTraffic) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OrgTraffic) GetDefaultClass() TrafficClass {
+	if x != nil {
+		return x.DefaultClass
+	}
+	return TrafficClass_TRAFFIC_CLASS_UNSPECIFIED
+}
+
+func (x *OrgTraffic) GetRules() []*ClassificationRule {
+	if x != nil {
+		return x.Rules
+	}
+	return nil
+}
+
+func (x *OrgTraffic) GetDemotion() *Demotion {
+	if x != nil {
+		return x.Demotion
+	}
+	return nil
+}
+
+// ClassificationRule classes a request by one header's value.
+type ClassificationRule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Canonical header name, e.g. "User-Agent".
+	Header string `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	// RE2 regular expression matched against the header's value (any match
+	// position unless anchored). Validated by the control plane.
+	Pattern string `protobuf:"bytes,2,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// Never unspecified.
+	TrafficClass  TrafficClass `protobuf:"varint,3,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.config.v1.TrafficClass" json:"traffic_class,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClassificationRule) Reset() {
+	*x = ClassificationRule{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClassificationRule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClassificationRule) ProtoMessage() {}
+
+func (x *ClassificationRule) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClassificationRule.ProtoReflect.Descriptor instead.
+func (*ClassificationRule) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ClassificationRule) GetHeader() string {
+	if x != nil {
+		return x.Header
+	}
+	return ""
+}
+
+func (x *ClassificationRule) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *ClassificationRule) GetTrafficClass() TrafficClass {
+	if x != nil {
+		return x.TrafficClass
+	}
+	return TrafficClass_TRAFFIC_CLASS_UNSPECIFIED
+}
+
+// Demotion admits an interactive request as agent when it does not look
+// like a person's (SPEC §1: a person has one request in flight and types
+// short prompts). 0 turns a check off.
+type Demotion struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// An interactive request whose estimated prompt exceeds this many tokens
+	// is admitted as agent.
+	MaxPromptTokens int64 `protobuf:"varint,1,opt,name=max_prompt_tokens,json=maxPromptTokens,proto3" json:"max_prompt_tokens,omitempty"`
+	// An interactive request whose key already has this many interactive
+	// requests in flight is admitted as agent.
+	MaxInteractiveInFlightPerKey int64 `protobuf:"varint,2,opt,name=max_interactive_in_flight_per_key,json=maxInteractiveInFlightPerKey,proto3" json:"max_interactive_in_flight_per_key,omitempty"`
+	unknownFields                protoimpl.UnknownFields
+	sizeCache                    protoimpl.SizeCache
+}
+
+func (x *Demotion) Reset() {
+	*x = Demotion{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Demotion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Demotion) ProtoMessage() {}
+
+func (x *Demotion) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Demotion.ProtoReflect.Descriptor instead.
+func (*Demotion) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Demotion) GetMaxPromptTokens() int64 {
+	if x != nil {
+		return x.MaxPromptTokens
+	}
+	return 0
+}
+
+func (x *Demotion) GetMaxInteractiveInFlightPerKey() int64 {
+	if x != nil {
+		return x.MaxInteractiveInFlightPerKey
+	}
+	return 0
+}
+
+// ClassQueue overrides the proxy's queue defaults for one class; 0 keeps
+// the proxy's default for that field.
+type ClassQueue struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TrafficClass  TrafficClass           `protobuf:"varint,1,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.config.v1.TrafficClass" json:"traffic_class,omitempty"`
+	MaxLength     int64                  `protobuf:"varint,2,opt,name=max_length,json=maxLength,proto3" json:"max_length,omitempty"`
+	TimeoutMs     int64                  `protobuf:"varint,3,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClassQueue) Reset() {
+	*x = ClassQueue{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClassQueue) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClassQueue) ProtoMessage() {}
+
+func (x *ClassQueue) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClassQueue.ProtoReflect.Descriptor instead.
+func (*ClassQueue) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ClassQueue) GetTrafficClass() TrafficClass {
+	if x != nil {
+		return x.TrafficClass
+	}
+	return TrafficClass_TRAFFIC_CLASS_UNSPECIFIED
+}
+
+func (x *ClassQueue) GetMaxLength() int64 {
+	if x != nil {
+		return x.MaxLength
+	}
+	return 0
+}
+
+func (x *ClassQueue) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+// ClassPriorities is the vLLM `priority` sent per class to a deployment
+// with priority_scheduling (lower is scheduled earlier). Unset fields take
+// the defaults: interactive 0, agent 10, batch 20.
+type ClassPriorities struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Interactive   *int32                 `protobuf:"varint,1,opt,name=interactive,proto3,oneof" json:"interactive,omitempty"`
+	Agent         *int32                 `protobuf:"varint,2,opt,name=agent,proto3,oneof" json:"agent,omitempty"`
+	Batch         *int32                 `protobuf:"varint,3,opt,name=batch,proto3,oneof" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClassPriorities) Reset() {
+	*x = ClassPriorities{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClassPriorities) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClassPriorities) ProtoMessage() {}
+
+func (x *ClassPriorities) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClassPriorities.ProtoReflect.Descriptor instead.
+func (*ClassPriorities) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ClassPriorities) GetInteractive() int32 {
+	if x != nil && x.Interactive != nil {
+		return *x.Interactive
+	}
+	return 0
+}
+
+func (x *ClassPriorities) GetAgent() int32 {
+	if x != nil && x.Agent != nil {
+		return *x.Agent
+	}
+	return 0
+}
+
+func (x *ClassPriorities) GetBatch() int32 {
+	if x != nil && x.Batch != nil {
+		return *x.Batch
+	}
+	return 0
+}
+
+// DeploymentTraffic is a deployment's class-aware admission settings
+// (SPEC §7.2). Mirrors sluice.admin.v1.DeploymentTraffic.
+type DeploymentTraffic struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Slots of max_concurrency only interactive requests may take: agent
+	// and batch together hold at most max_concurrency − interactive_reserve.
+	// 0: no reserve. Never above max_concurrency.
+	InteractiveReserve int64 `protobuf:"varint,1,opt,name=interactive_reserve,json=interactiveReserve,proto3" json:"interactive_reserve,omitempty"`
+	// Most batch requests in flight; 0: only the agent+batch cap applies.
+	BatchMaxConcurrency int64 `protobuf:"varint,2,opt,name=batch_max_concurrency,json=batchMaxConcurrency,proto3" json:"batch_max_concurrency,omitempty"`
+	// Most uncached prompt tokens of admitted non-interactive requests
+	// without a first token yet; 0: no cap.
+	MaxPrefillTokensInFlight int64 `protobuf:"varint,3,opt,name=max_prefill_tokens_in_flight,json=maxPrefillTokensInFlight,proto3" json:"max_prefill_tokens_in_flight,omitempty"`
+	// The engine runs --scheduling-policy priority: the proxy sets the
+	// body's priority from the class. Otherwise no priority is sent.
+	PriorityScheduling bool `protobuf:"varint,4,opt,name=priority_scheduling,json=priorityScheduling,proto3" json:"priority_scheduling,omitempty"`
+	// Only with priority_scheduling.
+	ClassPriority *ClassPriorities `protobuf:"bytes,5,opt,name=class_priority,json=classPriority,proto3" json:"class_priority,omitempty"`
+	// At most one entry per class.
+	Queues        []*ClassQueue `protobuf:"bytes,6,rep,name=queues,proto3" json:"queues,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentTraffic) Reset() {
+	*x = DeploymentTraffic{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentTraffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentTraffic) ProtoMessage() {}
+
+func (x *DeploymentTraffic) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentTraffic.ProtoReflect.Descriptor instead.
+func (*DeploymentTraffic) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeploymentTraffic) GetInteractiveReserve() int64 {
+	if x != nil {
+		return x.InteractiveReserve
+	}
+	return 0
+}
+
+func (x *DeploymentTraffic) GetBatchMaxConcurrency() int64 {
+	if x != nil {
+		return x.BatchMaxConcurrency
+	}
+	return 0
+}
+
+func (x *DeploymentTraffic) GetMaxPrefillTokensInFlight() int64 {
+	if x != nil {
+		return x.MaxPrefillTokensInFlight
+	}
+	return 0
+}
+
+func (x *DeploymentTraffic) GetPriorityScheduling() bool {
+	if x != nil {
+		return x.PriorityScheduling
+	}
+	return false
+}
+
+func (x *DeploymentTraffic) GetClassPriority() *ClassPriorities {
+	if x != nil {
+		return x.ClassPriority
+	}
+	return nil
+}
+
+func (x *DeploymentTraffic) GetQueues() []*ClassQueue {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+// ModelGroupTraffic holds a model group's queue overrides; a deployment's
+// own override of a class wins over its group's.
+type ModelGroupTraffic struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Queues        []*ClassQueue          `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupTraffic) Reset() {
+	*x = ModelGroupTraffic{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupTraffic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupTraffic) ProtoMessage() {}
+
+func (x *ModelGroupTraffic) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupTraffic.ProtoReflect.Descriptor instead.
+func (*ModelGroupTraffic) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ModelGroupTraffic) GetQueues() []*ClassQueue {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
 type Team struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Id                string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -271,13 +793,18 @@ type Team struct {
 	Blocked           bool                   `protobuf:"varint,4,opt,name=blocked,proto3" json:"blocked,omitempty"`
 	TrafficClass      TrafficClass           `protobuf:"varint,5,opt,name=traffic_class,json=trafficClass,proto3,enum=sluice.config.v1.TrafficClass" json:"traffic_class,omitempty"`
 	ModelGroupAliases map[string]string      `protobuf:"bytes,6,rep,name=model_group_aliases,json=modelGroupAliases,proto3" json:"model_group_aliases,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The team's name (unique in its org): what a trusted issuer's team
+	// claim names.
+	Name string `protobuf:"bytes,70,opt,name=name,proto3" json:"name,omitempty"`
+	// Fallback overrides per model group (admin Team.fallbacks).
+	Fallbacks     map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Team) Reset() {
 	*x = Team{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[2]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +816,7 @@ func (x *Team) String() string {
 func (*Team) ProtoMessage() {}
 
 func (x *Team) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[2]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +829,7 @@ func (x *Team) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Team.ProtoReflect.Descriptor instead.
 func (*Team) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{2}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Team) GetId() string {
@@ -347,19 +874,36 @@ func (x *Team) GetModelGroupAliases() map[string]string {
 	return nil
 }
 
+func (x *Team) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Team) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
 type User struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	OrgId         string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
-	Limits        *Limits                `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
-	Blocked       bool                   `protobuf:"varint,4,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	OrgId   string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	Limits  *Limits                `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	Blocked bool                   `protobuf:"varint,4,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	// The user's e-mail (lower-cased, unique in its org): what a trusted
+	// issuer's user claim names.
+	Email         string `protobuf:"bytes,70,opt,name=email,proto3" json:"email,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *User) Reset() {
 	*x = User{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[3]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +915,7 @@ func (x *User) String() string {
 func (*User) ProtoMessage() {}
 
 func (x *User) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[3]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +928,7 @@ func (x *User) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use User.ProtoReflect.Descriptor instead.
 func (*User) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{3}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *User) GetId() string {
@@ -415,6 +959,13 @@ func (x *User) GetBlocked() bool {
 	return false
 }
 
+func (x *User) GetEmail() string {
+	if x != nil {
+		return x.Email
+	}
+	return ""
+}
+
 type Member struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	TeamId          string                 `protobuf:"bytes,1,opt,name=team_id,json=teamId,proto3" json:"team_id,omitempty"`
@@ -428,7 +979,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[4]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +991,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[4]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +1004,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{4}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Member) GetTeamId() string {
@@ -504,7 +1055,7 @@ type Customer struct {
 
 func (x *Customer) Reset() {
 	*x = Customer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[5]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +1067,7 @@ func (x *Customer) String() string {
 func (*Customer) ProtoMessage() {}
 
 func (x *Customer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[5]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +1080,7 @@ func (x *Customer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Customer.ProtoReflect.Descriptor instead.
 func (*Customer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{5}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Customer) GetId() string {
@@ -579,7 +1130,7 @@ type OldHash struct {
 
 func (x *OldHash) Reset() {
 	*x = OldHash{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[6]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +1142,7 @@ func (x *OldHash) String() string {
 func (*OldHash) ProtoMessage() {}
 
 func (x *OldHash) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[6]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +1155,7 @@ func (x *OldHash) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OldHash.ProtoReflect.Descriptor instead.
 func (*OldHash) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{6}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *OldHash) GetHash() []byte {
@@ -649,13 +1200,15 @@ type Key struct {
 	Limits            *Limits                `protobuf:"bytes,15,opt,name=limits,proto3" json:"limits,omitempty"`
 	Blocked           bool                   `protobuf:"varint,16,opt,name=blocked,proto3" json:"blocked,omitempty"`
 	OldHashes         []*OldHash             `protobuf:"bytes,17,rep,name=old_hashes,json=oldHashes,proto3" json:"old_hashes,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Fallback overrides per model group (admin Key.fallbacks).
+	Fallbacks     map[string]*ModelGroupFallbacks `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Key) Reset() {
 	*x = Key{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[7]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +1220,7 @@ func (x *Key) String() string {
 func (*Key) ProtoMessage() {}
 
 func (x *Key) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[7]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +1233,7 @@ func (x *Key) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Key.ProtoReflect.Descriptor instead.
 func (*Key) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{7}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Key) GetId() string {
@@ -802,6 +1355,13 @@ func (x *Key) GetOldHashes() []*OldHash {
 	return nil
 }
 
+func (x *Key) GetFallbacks() map[string]*ModelGroupFallbacks {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
 // Snapshot is the whole configuration a data plane needs. It is stored in
 // the JetStream object store; a KV entry per region points at the version
 // the region runs.
@@ -813,25 +1373,23 @@ type Snapshot struct {
 	Version   uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
 	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	// Sequence number (outbox seq) of the last event this snapshot includes.
-	EventsSeq   uint64        `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
-	Orgs        []*Org        `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
-	Teams       []*Team       `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
-	Users       []*User       `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
-	Members     []*Member     `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
-	Customers   []*Customer   `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
-	Keys        []*Key        `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
-	ModelGroups []*ModelGroup `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
-	Deployments []*Deployment `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"`
-	// Field numbers 22–39 are reserved for routes and policies.
-	// Durable spend of every budgeted scope in its window at compile time.
-	BudgetSeeds   []*BudgetSeed `protobuf:"bytes,40,rep,name=budget_seeds,json=budgetSeeds,proto3" json:"budget_seeds,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EventsSeq      uint64           `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
+	Orgs           []*Org           `protobuf:"bytes,10,rep,name=orgs,proto3" json:"orgs,omitempty"`
+	Teams          []*Team          `protobuf:"bytes,11,rep,name=teams,proto3" json:"teams,omitempty"`
+	Users          []*User          `protobuf:"bytes,12,rep,name=users,proto3" json:"users,omitempty"`
+	Members        []*Member        `protobuf:"bytes,13,rep,name=members,proto3" json:"members,omitempty"`
+	Customers      []*Customer      `protobuf:"bytes,14,rep,name=customers,proto3" json:"customers,omitempty"`
+	Keys           []*Key           `protobuf:"bytes,15,rep,name=keys,proto3" json:"keys,omitempty"`
+	ModelGroups    []*ModelGroup    `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
+	Deployments    []*Deployment    `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	TrustedIssuers []*TrustedIssuer `protobuf:"bytes,70,rep,name=trusted_issuers,json=trustedIssuers,proto3" json:"trusted_issuers,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[8]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -843,7 +1401,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[8]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -856,7 +1414,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{8}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Snapshot) GetSchemaVersion() uint32 {
@@ -943,18 +1501,141 @@ func (x *Snapshot) GetDeployments() []*Deployment {
 	return nil
 }
 
-func (x *Snapshot) GetBudgetSeeds() []*BudgetSeed {
+func (x *Snapshot) GetTrustedIssuers() []*TrustedIssuer {
 	if x != nil {
-		return x.BudgetSeeds
+		return x.TrustedIssuers
 	}
 	return nil
 }
 
-// BudgetSeed is the durable spend (from the ledger, spend_logs) of one
-// budgeted scope in the budget window that contained the snapshot's
-// compile time. A data plane starts a Redis budget counter from it when the
-// counter is missing (first use, or Redis lost its state), so a Redis
-// restart never resets spend to zero (issue 5).
+// TrustedIssuer is an OIDC/JWT issuer an org trusts on the data plane:
+// its tokens are verified locally against the issuer's JWKS and mapped to
+// the org's teams and users through claims (dot paths for nested claims).
+type TrustedIssuer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	OrgId string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// The exact "iss" of its tokens.
+	Issuer string `protobuf:"bytes,3,opt,name=issuer,proto3" json:"issuer,omitempty"`
+	// The "aud" its tokens must carry.
+	Audience string `protobuf:"bytes,4,opt,name=audience,proto3" json:"audience,omitempty"`
+	// Where its keys are; "" means OIDC discovery
+	// (<issuer>/.well-known/openid-configuration, jwks_uri).
+	JwksUrl       string                `protobuf:"bytes,5,opt,name=jwks_url,json=jwksUrl,proto3" json:"jwks_url,omitempty"`
+	TeamClaim     string                `protobuf:"bytes,6,opt,name=team_claim,json=teamClaim,proto3" json:"team_claim,omitempty"`
+	UserClaim     string                `protobuf:"bytes,7,opt,name=user_claim,json=userClaim,proto3" json:"user_claim,omitempty"`
+	CustomerClaim string                `protobuf:"bytes,8,opt,name=customer_claim,json=customerClaim,proto3" json:"customer_claim,omitempty"`
+	UnknownPolicy UnknownIdentityPolicy `protobuf:"varint,9,opt,name=unknown_policy,json=unknownPolicy,proto3,enum=sluice.config.v1.UnknownIdentityPolicy" json:"unknown_policy,omitempty"`
+	DefaultTeamId string                `protobuf:"bytes,10,opt,name=default_team_id,json=defaultTeamId,proto3" json:"default_team_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TrustedIssuer) Reset() {
+	*x = TrustedIssuer{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TrustedIssuer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TrustedIssuer) ProtoMessage() {}
+
+func (x *TrustedIssuer) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TrustedIssuer.ProtoReflect.Descriptor instead.
+func (*TrustedIssuer) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TrustedIssuer) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetIssuer() string {
+	if x != nil {
+		return x.Issuer
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetAudience() string {
+	if x != nil {
+		return x.Audience
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetJwksUrl() string {
+	if x != nil {
+		return x.JwksUrl
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetTeamClaim() string {
+	if x != nil {
+		return x.TeamClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetUserClaim() string {
+	if x != nil {
+		return x.UserClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetCustomerClaim() string {
+	if x != nil {
+		return x.CustomerClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetUnknownPolicy() UnknownIdentityPolicy {
+	if x != nil {
+		return x.UnknownPolicy
+	}
+	return UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_UNSPECIFIED
+}
+
+func (x *TrustedIssuer) GetDefaultTeamId() string {
+	if x != nil {
+		return x.DefaultTeamId
+	}
+	return ""
+}
+
+// BudgetSeed is the ledger's spend (spend_logs, including usage events
+// still in the SLUICE_USAGE stream) of one budgeted scope in one budget
+// window, as the control plane answers a BudgetSeedRequest. A data plane
+// starts a Redis budget counter that is missing (first use, or Redis lost
+// its state) from it, so a Redis restart never resets spend (SPEC §8.3).
 type BudgetSeed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	OrgId string                 `protobuf:"bytes,1,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
@@ -976,7 +1657,7 @@ type BudgetSeed struct {
 
 func (x *BudgetSeed) Reset() {
 	*x = BudgetSeed{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -988,7 +1669,7 @@ func (x *BudgetSeed) String() string {
 func (*BudgetSeed) ProtoMessage() {}
 
 func (x *BudgetSeed) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[9]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1001,7 +1682,7 @@ func (x *BudgetSeed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetSeed.ProtoReflect.Descriptor instead.
 func (*BudgetSeed) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{9}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BudgetSeed) GetOrgId() string {
@@ -1047,15 +1728,30 @@ func (x *BudgetSeed) GetSpendMicros() int64 {
 }
 
 type ModelGroup struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Traffic *ModelGroupTraffic     `protobuf:"bytes,2,opt,name=traffic,proto3" json:"traffic,omitempty"`
+	// Tenancy (SPEC §3): a group is visible to an org when it is
+	// platform-wide or granted to the org. A data plane answers a request
+	// for a group its org may not see as model_not_found, and leaves the
+	// group out of /v1/models.
+	PlatformWide bool `protobuf:"varint,220,opt,name=platform_wide,json=platformWide,proto3" json:"platform_wide,omitempty"`
+	// The orgs the group is granted to, sorted (empty for platform-wide
+	// groups is allowed: grants then change nothing until the mark is
+	// cleared).
+	GrantedOrgIds []string `protobuf:"bytes,221,rep,name=granted_org_ids,json=grantedOrgIds,proto3" json:"granted_org_ids,omitempty"`
+	// Absent: the defaults (docs/routing.md).
+	Routing *ModelGroupRouting `protobuf:"bytes,160,opt,name=routing,proto3" json:"routing,omitempty"`
+	// Ordered fallback model groups (admin ModelGroup.fallbacks).
+	Fallbacks     []string              `protobuf:"bytes,180,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
+	Resilience    *ModelGroupResilience `protobuf:"bytes,181,opt,name=resilience,proto3" json:"resilience,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelGroup) Reset() {
 	*x = ModelGroup{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1067,7 +1763,7 @@ func (x *ModelGroup) String() string {
 func (*ModelGroup) ProtoMessage() {}
 
 func (x *ModelGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[10]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1080,7 +1776,7 @@ func (x *ModelGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroup.ProtoReflect.Descriptor instead.
 func (*ModelGroup) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{10}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ModelGroup) GetName() string {
@@ -1090,6 +1786,238 @@ func (x *ModelGroup) GetName() string {
 	return ""
 }
 
+func (x *ModelGroup) GetTraffic() *ModelGroupTraffic {
+	if x != nil {
+		return x.Traffic
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetPlatformWide() bool {
+	if x != nil {
+		return x.PlatformWide
+	}
+	return false
+}
+
+func (x *ModelGroup) GetGrantedOrgIds() []string {
+	if x != nil {
+		return x.GrantedOrgIds
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetRouting() *ModelGroupRouting {
+	if x != nil {
+		return x.Routing
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetFallbacks() []string {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
+func (x *ModelGroup) GetResilience() *ModelGroupResilience {
+	if x != nil {
+		return x.Resilience
+	}
+	return nil
+}
+
+// ModelGroupRouting mirrors sluice.admin.v1.ModelGroupRouting, validated
+// by the admin API; zero values are the defaults.
+type ModelGroupRouting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "", "weighted_shuffle", "affinity", "least_outstanding",
+	// "engine_load". A data plane that does not know a strategy uses the
+	// defaults.
+	Strategy string `protobuf:"bytes,1,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// Session pin TTL in milliseconds; 0: 1 h.
+	SessionTtlMs int64 `protobuf:"varint,2,opt,name=session_ttl_ms,json=sessionTtlMs,proto3" json:"session_ttl_ms,omitempty"`
+	// Bounded-load factor c; 0: 1.25.
+	LoadFactor    float64 `protobuf:"fixed64,3,opt,name=load_factor,json=loadFactor,proto3" json:"load_factor,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupRouting) Reset() {
+	*x = ModelGroupRouting{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupRouting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupRouting) ProtoMessage() {}
+
+func (x *ModelGroupRouting) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupRouting.ProtoReflect.Descriptor instead.
+func (*ModelGroupRouting) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ModelGroupRouting) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+func (x *ModelGroupRouting) GetSessionTtlMs() int64 {
+	if x != nil {
+		return x.SessionTtlMs
+	}
+	return 0
+}
+
+func (x *ModelGroupRouting) GetLoadFactor() float64 {
+	if x != nil {
+		return x.LoadFactor
+	}
+	return 0
+}
+
+// ModelGroupFallbacks is an ordered list of fallback model groups.
+type ModelGroupFallbacks struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ModelGroups   []string               `protobuf:"bytes,1,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelGroupFallbacks) Reset() {
+	*x = ModelGroupFallbacks{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupFallbacks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupFallbacks) ProtoMessage() {}
+
+func (x *ModelGroupFallbacks) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupFallbacks.ProtoReflect.Descriptor instead.
+func (*ModelGroupFallbacks) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ModelGroupFallbacks) GetModelGroups() []string {
+	if x != nil {
+		return x.ModelGroups
+	}
+	return nil
+}
+
+// ModelGroupResilience is admin ModelGroupResilience: 0 means the proxy's
+// flag.
+type ModelGroupResilience struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	TtftTimeoutMs         int64                  `protobuf:"varint,1,opt,name=ttft_timeout_ms,json=ttftTimeoutMs,proto3" json:"ttft_timeout_ms,omitempty"`
+	EjectionBaseMs        int64                  `protobuf:"varint,2,opt,name=ejection_base_ms,json=ejectionBaseMs,proto3" json:"ejection_base_ms,omitempty"`
+	EjectionMaxMs         int64                  `protobuf:"varint,3,opt,name=ejection_max_ms,json=ejectionMaxMs,proto3" json:"ejection_max_ms,omitempty"`
+	MaxAttempts           int32                  `protobuf:"varint,4,opt,name=max_attempts,json=maxAttempts,proto3" json:"max_attempts,omitempty"`
+	PanicThresholdPercent int32                  `protobuf:"varint,5,opt,name=panic_threshold_percent,json=panicThresholdPercent,proto3" json:"panic_threshold_percent,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *ModelGroupResilience) Reset() {
+	*x = ModelGroupResilience{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelGroupResilience) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelGroupResilience) ProtoMessage() {}
+
+func (x *ModelGroupResilience) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelGroupResilience.ProtoReflect.Descriptor instead.
+func (*ModelGroupResilience) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ModelGroupResilience) GetTtftTimeoutMs() int64 {
+	if x != nil {
+		return x.TtftTimeoutMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetEjectionBaseMs() int64 {
+	if x != nil {
+		return x.EjectionBaseMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetEjectionMaxMs() int64 {
+	if x != nil {
+		return x.EjectionMaxMs
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetMaxAttempts() int32 {
+	if x != nil {
+		return x.MaxAttempts
+	}
+	return 0
+}
+
+func (x *ModelGroupResilience) GetPanicThresholdPercent() int32 {
+	if x != nil {
+		return x.PanicThresholdPercent
+	}
+	return 0
+}
+
 type Capabilities struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Tools           bool                   `protobuf:"varint,1,opt,name=tools,proto3" json:"tools,omitempty"`
@@ -1097,13 +2025,15 @@ type Capabilities struct {
 	Vision          bool                   `protobuf:"varint,3,opt,name=vision,proto3" json:"vision,omitempty"`
 	MaxInputTokens  int64                  `protobuf:"varint,4,opt,name=max_input_tokens,json=maxInputTokens,proto3" json:"max_input_tokens,omitempty"`
 	MaxOutputTokens int64                  `protobuf:"varint,5,opt,name=max_output_tokens,json=maxOutputTokens,proto3" json:"max_output_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Wire protocols served besides the OpenAI ones (admin Capabilities).
+	Protocols     []string `protobuf:"bytes,90,rep,name=protocols,proto3" json:"protocols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +2045,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[11]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +2058,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{11}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Capabilities) GetTools() bool {
@@ -1166,6 +2096,13 @@ func (x *Capabilities) GetMaxOutputTokens() int64 {
 	return 0
 }
 
+func (x *Capabilities) GetProtocols() []string {
+	if x != nil {
+		return x.Protocols
+	}
+	return nil
+}
+
 type Prices struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	InputPerToken       float64                `protobuf:"fixed64,1,opt,name=input_per_token,json=inputPerToken,proto3" json:"input_per_token,omitempty"`
@@ -1177,7 +2114,7 @@ type Prices struct {
 
 func (x *Prices) Reset() {
 	*x = Prices{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1189,7 +2126,7 @@ func (x *Prices) String() string {
 func (*Prices) ProtoMessage() {}
 
 func (x *Prices) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[12]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1202,7 +2139,7 @@ func (x *Prices) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prices.ProtoReflect.Descriptor instead.
 func (*Prices) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{12}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Prices) GetInputPerToken() float64 {
@@ -1236,20 +2173,21 @@ type Deployment struct {
 	ApiBase       string                 `protobuf:"bytes,3,opt,name=api_base,json=apiBase,proto3" json:"api_base,omitempty"`
 	UpstreamModel string                 `protobuf:"bytes,4,opt,name=upstream_model,json=upstreamModel,proto3" json:"upstream_model,omitempty"`
 	// Key-ring ciphertext ("v<N>:" + nonce + sealed credential); empty: none.
-	CredentialCiphertext []byte        `protobuf:"bytes,5,opt,name=credential_ciphertext,json=credentialCiphertext,proto3" json:"credential_ciphertext,omitempty"`
-	Weight               int32         `protobuf:"varint,6,opt,name=weight,proto3" json:"weight,omitempty"`
-	MaxConcurrency       int64         `protobuf:"varint,7,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
-	Capabilities         *Capabilities `protobuf:"bytes,8,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
-	Tags                 []string      `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty"`
-	Prices               *Prices       `protobuf:"bytes,10,opt,name=prices,proto3" json:"prices,omitempty"`
-	Free                 bool          `protobuf:"varint,11,opt,name=free,proto3" json:"free,omitempty"`
+	CredentialCiphertext []byte             `protobuf:"bytes,5,opt,name=credential_ciphertext,json=credentialCiphertext,proto3" json:"credential_ciphertext,omitempty"`
+	Weight               int32              `protobuf:"varint,6,opt,name=weight,proto3" json:"weight,omitempty"`
+	MaxConcurrency       int64              `protobuf:"varint,7,opt,name=max_concurrency,json=maxConcurrency,proto3" json:"max_concurrency,omitempty"`
+	Capabilities         *Capabilities      `protobuf:"bytes,8,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
+	Tags                 []string           `protobuf:"bytes,9,rep,name=tags,proto3" json:"tags,omitempty"`
+	Prices               *Prices            `protobuf:"bytes,10,opt,name=prices,proto3" json:"prices,omitempty"`
+	Free                 bool               `protobuf:"varint,11,opt,name=free,proto3" json:"free,omitempty"`
+	Traffic              *DeploymentTraffic `protobuf:"bytes,12,opt,name=traffic,proto3" json:"traffic,omitempty"`
 	unknownFields        protoimpl.UnknownFields
 	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +2199,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[13]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +2212,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{13}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Deployment) GetId() string {
@@ -1354,6 +2292,13 @@ func (x *Deployment) GetFree() bool {
 	return false
 }
 
+func (x *Deployment) GetTraffic() *DeploymentTraffic {
+	if x != nil {
+		return x.Traffic
+	}
+	return nil
+}
+
 // MemberRef names a membership.
 type MemberRef struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1365,7 +2310,7 @@ type MemberRef struct {
 
 func (x *MemberRef) Reset() {
 	*x = MemberRef{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1377,7 +2322,7 @@ func (x *MemberRef) String() string {
 func (*MemberRef) ProtoMessage() {}
 
 func (x *MemberRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[14]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1390,7 +2335,7 @@ func (x *MemberRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRef.ProtoReflect.Descriptor instead.
 func (*MemberRef) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{14}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *MemberRef) GetTeamId() string {
@@ -1420,7 +2365,7 @@ type BlockChange struct {
 
 func (x *BlockChange) Reset() {
 	*x = BlockChange{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +2377,7 @@ func (x *BlockChange) String() string {
 func (*BlockChange) ProtoMessage() {}
 
 func (x *BlockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[15]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +2390,7 @@ func (x *BlockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockChange.ProtoReflect.Descriptor instead.
 func (*BlockChange) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{15}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BlockChange) GetObjectType() string {
@@ -1501,6 +2446,8 @@ type Event struct {
 	//	*Event_ModelGroupDeleted
 	//	*Event_Deployment
 	//	*Event_DeploymentDeleted
+	//	*Event_TrustedIssuer
+	//	*Event_TrustedIssuerDeleted
 	Change        isEvent_Change `protobuf_oneof:"change"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1508,7 +2455,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +2467,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +2480,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -1724,6 +2671,24 @@ func (x *Event) GetDeploymentDeleted() string {
 	return ""
 }
 
+func (x *Event) GetTrustedIssuer() *TrustedIssuer {
+	if x != nil {
+		if x, ok := x.Change.(*Event_TrustedIssuer); ok {
+			return x.TrustedIssuer
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetTrustedIssuerDeleted() string {
+	if x != nil {
+		if x, ok := x.Change.(*Event_TrustedIssuerDeleted); ok {
+			return x.TrustedIssuerDeleted
+		}
+	}
+	return ""
+}
+
 type isEvent_Change interface {
 	isEvent_Change()
 }
@@ -1796,6 +2761,14 @@ type Event_DeploymentDeleted struct {
 	DeploymentDeleted string `protobuf:"bytes,26,opt,name=deployment_deleted,json=deploymentDeleted,proto3,oneof"`
 }
 
+type Event_TrustedIssuer struct {
+	TrustedIssuer *TrustedIssuer `protobuf:"bytes,70,opt,name=trusted_issuer,json=trustedIssuer,proto3,oneof"`
+}
+
+type Event_TrustedIssuerDeleted struct {
+	TrustedIssuerDeleted string `protobuf:"bytes,71,opt,name=trusted_issuer_deleted,json=trustedIssuerDeleted,proto3,oneof"`
+}
+
 func (*Event_Org) isEvent_Change() {}
 
 func (*Event_OrgDeleted) isEvent_Change() {}
@@ -1830,6 +2803,10 @@ func (*Event_Deployment) isEvent_Change() {}
 
 func (*Event_DeploymentDeleted) isEvent_Change() {}
 
+func (*Event_TrustedIssuer) isEvent_Change() {}
+
+func (*Event_TrustedIssuerDeleted) isEvent_Change() {}
+
 // RegionEvent is an Event as delivered to one region: region_seq is
 // contiguous per region, so a data plane detects gaps.
 type RegionEvent struct {
@@ -1843,7 +2820,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +2832,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +2845,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegionEvent) GetRegion() string {
@@ -1914,7 +2891,7 @@ type SnapshotPointer struct {
 
 func (x *SnapshotPointer) Reset() {
 	*x = SnapshotPointer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1926,7 +2903,7 @@ func (x *SnapshotPointer) String() string {
 func (*SnapshotPointer) ProtoMessage() {}
 
 func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1939,7 +2916,7 @@ func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPointer.ProtoReflect.Descriptor instead.
 func (*SnapshotPointer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SnapshotPointer) GetVersion() uint64 {
@@ -1995,7 +2972,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2984,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2997,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Tick) GetAt() *timestamppb.Timestamp {
@@ -2049,7 +3026,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +3038,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +3051,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -2106,20 +3083,29 @@ type Heartbeat struct {
 	AppliedVersion uint64                 `protobuf:"varint,3,opt,name=applied_version,json=appliedVersion,proto3" json:"applied_version,omitempty"`
 	EventsSeq      uint64                 `protobuf:"varint,4,opt,name=events_seq,json=eventsSeq,proto3" json:"events_seq,omitempty"`
 	RegionSeq      uint64                 `protobuf:"varint,5,opt,name=region_seq,json=regionSeq,proto3" json:"region_seq,omitempty"`
-	// "ok", "stale" or "starting".
+	// "ok", "stale", "rejecting" (refusing its region's snapshot for longer
+	// than its bound) or "starting".
 	Health   string                 `protobuf:"bytes,6,opt,name=health,proto3" json:"health,omitempty"`
 	InFlight int64                  `protobuf:"varint,7,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
 	At       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=at,proto3" json:"at,omitempty"`
 	// Seconds since the data plane last heard from the control plane.
 	StalenessSeconds float64             `protobuf:"fixed64,9,opt,name=staleness_seconds,json=stalenessSeconds,proto3" json:"staleness_seconds,omitempty"`
 	Rejected         []*RejectedSnapshot `protobuf:"bytes,10,rep,name=rejected,proto3" json:"rejected,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set while the data plane refuses the snapshot its region's pointer
+	// names (it keeps running an older one); absent otherwise. Added after
+	// schema version 2 without a bump: older control planes ignore it.
+	Rejecting *Rejecting `protobuf:"bytes,11,opt,name=rejecting,proto3" json:"rejecting,omitempty"`
+	// Deployments this instance keeps out of rotation right now (passive
+	// ejection, Retry-After parking, failed active health checks). Added
+	// without a schema bump: older control planes ignore it.
+	Ejected       []*EjectedDeployment `protobuf:"bytes,180,rep,name=ejected,proto3" json:"ejected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2131,7 +3117,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2144,7 +3130,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{21}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Heartbeat) GetInstanceId() string {
@@ -2217,6 +3203,176 @@ func (x *Heartbeat) GetRejected() []*RejectedSnapshot {
 	return nil
 }
 
+func (x *Heartbeat) GetRejecting() *Rejecting {
+	if x != nil {
+		return x.Rejecting
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetEjected() []*EjectedDeployment {
+	if x != nil {
+		return x.Ejected
+	}
+	return nil
+}
+
+// EjectedDeployment is a deployment out of one data plane's rotation.
+type EjectedDeployment struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DeploymentId string                 `protobuf:"bytes,1,opt,name=deployment_id,json=deploymentId,proto3" json:"deployment_id,omitempty"`
+	ModelGroup   string                 `protobuf:"bytes,2,opt,name=model_group,json=modelGroup,proto3" json:"model_group,omitempty"`
+	// "ejected" (consecutive failures or cuts), "parked" (Retry-After) or
+	// "health_check" (the active health check finds it down).
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When it returns; unset for "health_check" (until a probe passes).
+	Until         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=until,proto3" json:"until,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EjectedDeployment) Reset() {
+	*x = EjectedDeployment{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EjectedDeployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EjectedDeployment) ProtoMessage() {}
+
+func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EjectedDeployment.ProtoReflect.Descriptor instead.
+func (*EjectedDeployment) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *EjectedDeployment) GetDeploymentId() string {
+	if x != nil {
+		return x.DeploymentId
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetModelGroup() string {
+	if x != nil {
+		return x.ModelGroup
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EjectedDeployment) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+// Rejecting is a data plane refusing, since a moment, the snapshot its
+// region's pointer names: typically "version N is lower than the running
+// M" after the control plane lost its history (docs/distribution.md).
+type Rejecting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version the pointer names (0 when the pointer does not decode).
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// Version the data plane runs.
+	RunningVersion uint64 `protobuf:"varint,2,opt,name=running_version,json=runningVersion,proto3" json:"running_version,omitempty"`
+	Reason         string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// First refusal of this run of refusals.
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	// True once the refusals have lasted longer than the data plane's bound
+	// (--max-rejecting): its /readyz fails and its health is "rejecting".
+	PastBound     bool `protobuf:"varint,5,opt,name=past_bound,json=pastBound,proto3" json:"past_bound,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Rejecting) Reset() {
+	*x = Rejecting{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Rejecting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Rejecting) ProtoMessage() {}
+
+func (x *Rejecting) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Rejecting.ProtoReflect.Descriptor instead.
+func (*Rejecting) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *Rejecting) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Rejecting) GetRunningVersion() uint64 {
+	if x != nil {
+		return x.RunningVersion
+	}
+	return 0
+}
+
+func (x *Rejecting) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Rejecting) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *Rejecting) GetPastBound() bool {
+	if x != nil {
+		return x.PastBound
+	}
+	return false
+}
+
 var File_sluice_config_v1_config_proto protoreflect.FileDescriptor
 
 const file_sluice_config_v1_config_proto_rawDesc = "" +
@@ -2252,26 +3408,68 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"_rpm_limitB\f\n" +
 	"\n" +
 	"_tpm_limitB\x18\n" +
-	"\x16_max_parallel_requests\"a\n" +
+	"\x16_max_parallel_requests\"\x99\x01\n" +
 	"\x03Org\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06limits\x18\x02 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\x12\x18\n" +
-	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xe3\x02\n" +
+	"\ablocked\x18\x03 \x01(\bR\ablocked\x126\n" +
+	"\atraffic\x18\x04 \x01(\v2\x1c.sluice.config.v1.OrgTrafficR\atraffic\"\xc5\x01\n" +
+	"\n" +
+	"OrgTraffic\x12C\n" +
+	"\rdefault_class\x18\x01 \x01(\x0e2\x1e.sluice.config.v1.TrafficClassR\fdefaultClass\x12:\n" +
+	"\x05rules\x18\x02 \x03(\v2$.sluice.config.v1.ClassificationRuleR\x05rules\x126\n" +
+	"\bdemotion\x18\x03 \x01(\v2\x1a.sluice.config.v1.DemotionR\bdemotion\"\x8b\x01\n" +
+	"\x12ClassificationRule\x12\x16\n" +
+	"\x06header\x18\x01 \x01(\tR\x06header\x12\x18\n" +
+	"\apattern\x18\x02 \x01(\tR\apattern\x12C\n" +
+	"\rtraffic_class\x18\x03 \x01(\x0e2\x1e.sluice.config.v1.TrafficClassR\ftrafficClass\"\x7f\n" +
+	"\bDemotion\x12*\n" +
+	"\x11max_prompt_tokens\x18\x01 \x01(\x03R\x0fmaxPromptTokens\x12G\n" +
+	"!max_interactive_in_flight_per_key\x18\x02 \x01(\x03R\x1cmaxInteractiveInFlightPerKey\"\x8f\x01\n" +
+	"\n" +
+	"ClassQueue\x12C\n" +
+	"\rtraffic_class\x18\x01 \x01(\x0e2\x1e.sluice.config.v1.TrafficClassR\ftrafficClass\x12\x1d\n" +
+	"\n" +
+	"max_length\x18\x02 \x01(\x03R\tmaxLength\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x03 \x01(\x03R\ttimeoutMs\"\x92\x01\n" +
+	"\x0fClassPriorities\x12%\n" +
+	"\vinteractive\x18\x01 \x01(\x05H\x00R\vinteractive\x88\x01\x01\x12\x19\n" +
+	"\x05agent\x18\x02 \x01(\x05H\x01R\x05agent\x88\x01\x01\x12\x19\n" +
+	"\x05batch\x18\x03 \x01(\x05H\x02R\x05batch\x88\x01\x01B\x0e\n" +
+	"\f_interactiveB\b\n" +
+	"\x06_agentB\b\n" +
+	"\x06_batch\"\xe9\x02\n" +
+	"\x11DeploymentTraffic\x12/\n" +
+	"\x13interactive_reserve\x18\x01 \x01(\x03R\x12interactiveReserve\x122\n" +
+	"\x15batch_max_concurrency\x18\x02 \x01(\x03R\x13batchMaxConcurrency\x12>\n" +
+	"\x1cmax_prefill_tokens_in_flight\x18\x03 \x01(\x03R\x18maxPrefillTokensInFlight\x12/\n" +
+	"\x13priority_scheduling\x18\x04 \x01(\bR\x12priorityScheduling\x12H\n" +
+	"\x0eclass_priority\x18\x05 \x01(\v2!.sluice.config.v1.ClassPrioritiesR\rclassPriority\x124\n" +
+	"\x06queues\x18\x06 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\"I\n" +
+	"\x11ModelGroupTraffic\x124\n" +
+	"\x06queues\x18\x01 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\"\xa2\x04\n" +
 	"\x04Team\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x120\n" +
 	"\x06limits\x18\x03 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\x12\x18\n" +
 	"\ablocked\x18\x04 \x01(\bR\ablocked\x12C\n" +
 	"\rtraffic_class\x18\x05 \x01(\x0e2\x1e.sluice.config.v1.TrafficClassR\ftrafficClass\x12]\n" +
-	"\x13model_group_aliases\x18\x06 \x03(\v2-.sluice.config.v1.Team.ModelGroupAliasesEntryR\x11modelGroupAliases\x1aD\n" +
+	"\x13model_group_aliases\x18\x06 \x03(\v2-.sluice.config.v1.Team.ModelGroupAliasesEntryR\x11modelGroupAliases\x12\x12\n" +
+	"\x04name\x18F \x01(\tR\x04name\x12D\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v2%.sluice.config.v1.Team.FallbacksEntryR\tfallbacks\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ac\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
+	"\x05value\x18\x02 \x01(\v2%.sluice.config.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\x8f\x01\n" +
 	"\x04User\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x120\n" +
 	"\x06limits\x18\x03 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\x12\x18\n" +
-	"\ablocked\x18\x04 \x01(\bR\ablocked\"\xcc\x01\n" +
+	"\ablocked\x18\x04 \x01(\bR\ablocked\x12\x14\n" +
+	"\x05email\x18F \x01(\tR\x05email\"\xcc\x01\n" +
 	"\x06Member\x12\x17\n" +
 	"\ateam_id\x18\x01 \x01(\tR\x06teamId\x12\x17\n" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\x12\x15\n" +
@@ -2290,7 +3488,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x04hash\x18\x01 \x01(\fR\x04hash\x12%\n" +
 	"\x0epepper_version\x18\x02 \x01(\x05R\rpepperVersion\x12;\n" +
 	"\vvalid_until\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"validUntil\"\xd9\x05\n" +
+	"validUntil\"\x83\a\n" +
 	"\x03Key\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x17\n" +
@@ -2311,10 +3509,14 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x06limits\x18\x0f \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\x12\x18\n" +
 	"\ablocked\x18\x10 \x01(\bR\ablocked\x128\n" +
 	"\n" +
-	"old_hashes\x18\x11 \x03(\v2\x19.sluice.config.v1.OldHashR\toldHashes\x1aD\n" +
+	"old_hashes\x18\x11 \x03(\v2\x19.sluice.config.v1.OldHashR\toldHashes\x12C\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\v2$.sluice.config.v1.Key.FallbacksEntryR\tfallbacks\x1aD\n" +
 	"\x16ModelGroupAliasesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ac\n" +
+	"\x0eFallbacksEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
+	"\x05value\x18\x02 \x01(\v2%.sluice.config.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\xa4\x05\n" +
 	"\bSnapshot\x12%\n" +
 	"\x0eschema_version\x18\x01 \x01(\rR\rschemaVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
@@ -2330,8 +3532,22 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\tcustomers\x18\x0e \x03(\v2\x1a.sluice.config.v1.CustomerR\tcustomers\x12)\n" +
 	"\x04keys\x18\x0f \x03(\v2\x15.sluice.config.v1.KeyR\x04keys\x12?\n" +
 	"\fmodel_groups\x18\x14 \x03(\v2\x1c.sluice.config.v1.ModelGroupR\vmodelGroups\x12>\n" +
-	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\x12?\n" +
-	"\fbudget_seeds\x18( \x03(\v2\x1c.sluice.config.v1.BudgetSeedR\vbudgetSeeds\"\xa5\x01\n" +
+	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\x12H\n" +
+	"\x0ftrusted_issuers\x18F \x03(\v2\x1f.sluice.config.v1.TrustedIssuerR\x0etrustedIssuersJ\x04\b(\x10)R\fbudget_seeds\"\xe2\x02\n" +
+	"\rTrustedIssuer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x16\n" +
+	"\x06issuer\x18\x03 \x01(\tR\x06issuer\x12\x1a\n" +
+	"\baudience\x18\x04 \x01(\tR\baudience\x12\x19\n" +
+	"\bjwks_url\x18\x05 \x01(\tR\ajwksUrl\x12\x1d\n" +
+	"\n" +
+	"team_claim\x18\x06 \x01(\tR\tteamClaim\x12\x1d\n" +
+	"\n" +
+	"user_claim\x18\a \x01(\tR\tuserClaim\x12%\n" +
+	"\x0ecustomer_claim\x18\b \x01(\tR\rcustomerClaim\x12N\n" +
+	"\x0eunknown_policy\x18\t \x01(\x0e2'.sluice.config.v1.UnknownIdentityPolicyR\runknownPolicy\x12&\n" +
+	"\x0fdefault_team_id\x18\n" +
+	" \x01(\tR\rdefaultTeamId\"\xa5\x01\n" +
 	"\n" +
 	"BudgetSeed\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x12\n" +
@@ -2339,20 +3555,42 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x02id\x18\x03 \x01(\tR\x02id\x12\x16\n" +
 	"\x06window\x18\x04 \x01(\tR\x06window\x12!\n" +
 	"\fwindow_start\x18\x05 \x01(\x03R\vwindowStart\x12!\n" +
-	"\fspend_micros\x18\x06 \x01(\x03R\vspendMicros\" \n" +
+	"\fspend_micros\x18\x06 \x01(\x03R\vspendMicros\"\xd6\x02\n" +
 	"\n" +
 	"ModelGroup\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xaf\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12=\n" +
+	"\atraffic\x18\x02 \x01(\v2#.sluice.config.v1.ModelGroupTrafficR\atraffic\x12$\n" +
+	"\rplatform_wide\x18\xdc\x01 \x01(\bR\fplatformWide\x12'\n" +
+	"\x0fgranted_org_ids\x18\xdd\x01 \x03(\tR\rgrantedOrgIds\x12>\n" +
+	"\arouting\x18\xa0\x01 \x01(\v2#.sluice.config.v1.ModelGroupRoutingR\arouting\x12\x1d\n" +
+	"\tfallbacks\x18\xb4\x01 \x03(\tR\tfallbacks\x12G\n" +
+	"\n" +
+	"resilience\x18\xb5\x01 \x01(\v2&.sluice.config.v1.ModelGroupResilienceR\n" +
+	"resilience\"v\n" +
+	"\x11ModelGroupRouting\x12\x1a\n" +
+	"\bstrategy\x18\x01 \x01(\tR\bstrategy\x12$\n" +
+	"\x0esession_ttl_ms\x18\x02 \x01(\x03R\fsessionTtlMs\x12\x1f\n" +
+	"\vload_factor\x18\x03 \x01(\x01R\n" +
+	"loadFactor\"8\n" +
+	"\x13ModelGroupFallbacks\x12!\n" +
+	"\fmodel_groups\x18\x01 \x03(\tR\vmodelGroups\"\xeb\x01\n" +
+	"\x14ModelGroupResilience\x12&\n" +
+	"\x0fttft_timeout_ms\x18\x01 \x01(\x03R\rttftTimeoutMs\x12(\n" +
+	"\x10ejection_base_ms\x18\x02 \x01(\x03R\x0eejectionBaseMs\x12&\n" +
+	"\x0fejection_max_ms\x18\x03 \x01(\x03R\rejectionMaxMs\x12!\n" +
+	"\fmax_attempts\x18\x04 \x01(\x05R\vmaxAttempts\x126\n" +
+	"\x17panic_threshold_percent\x18\x05 \x01(\x05R\x15panicThresholdPercent\"\xcd\x01\n" +
 	"\fCapabilities\x12\x14\n" +
 	"\x05tools\x18\x01 \x01(\bR\x05tools\x12\x1b\n" +
 	"\tjson_mode\x18\x02 \x01(\bR\bjsonMode\x12\x16\n" +
 	"\x06vision\x18\x03 \x01(\bR\x06vision\x12(\n" +
 	"\x10max_input_tokens\x18\x04 \x01(\x03R\x0emaxInputTokens\x12*\n" +
-	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\"\x8f\x01\n" +
+	"\x11max_output_tokens\x18\x05 \x01(\x03R\x0fmaxOutputTokens\x12\x1c\n" +
+	"\tprotocols\x18Z \x03(\tR\tprotocols\"\x8f\x01\n" +
 	"\x06Prices\x12&\n" +
 	"\x0finput_per_token\x18\x01 \x01(\x01R\rinputPerToken\x12(\n" +
 	"\x10output_per_token\x18\x02 \x01(\x01R\x0eoutputPerToken\x123\n" +
-	"\x16cached_input_per_token\x18\x03 \x01(\x01R\x13cachedInputPerToken\"\x93\x03\n" +
+	"\x16cached_input_per_token\x18\x03 \x01(\x01R\x13cachedInputPerToken\"\xd2\x03\n" +
 	"\n" +
 	"Deployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -2367,7 +3605,8 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x04tags\x18\t \x03(\tR\x04tags\x120\n" +
 	"\x06prices\x18\n" +
 	" \x01(\v2\x18.sluice.config.v1.PricesR\x06prices\x12\x12\n" +
-	"\x04free\x18\v \x01(\bR\x04free\"=\n" +
+	"\x04free\x18\v \x01(\bR\x04free\x12=\n" +
+	"\atraffic\x18\f \x01(\v2#.sluice.config.v1.DeploymentTrafficR\atraffic\"=\n" +
 	"\tMemberRef\x12\x17\n" +
 	"\ateam_id\x18\x01 \x01(\tR\x06teamId\x12\x17\n" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\"X\n" +
@@ -2375,7 +3614,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\vobject_type\x18\x01 \x01(\tR\n" +
 	"objectType\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xbd\a\n" +
+	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xbf\b\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
 	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
@@ -2403,7 +3642,9 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\n" +
 	"deployment\x18\x19 \x01(\v2\x1c.sluice.config.v1.DeploymentH\x00R\n" +
 	"deployment\x12/\n" +
-	"\x12deployment_deleted\x18\x1a \x01(\tH\x00R\x11deploymentDeletedB\b\n" +
+	"\x12deployment_deleted\x18\x1a \x01(\tH\x00R\x11deploymentDeleted\x12H\n" +
+	"\x0etrusted_issuer\x18F \x01(\v2\x1f.sluice.config.v1.TrustedIssuerH\x00R\rtrustedIssuer\x126\n" +
+	"\x16trusted_issuer_deleted\x18G \x01(\tH\x00R\x14trustedIssuerDeletedB\b\n" +
 	"\x06change\"s\n" +
 	"\vRegionEvent\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
@@ -2425,7 +3666,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x10RejectedSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf9\x02\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf4\x03\n" +
 	"\tHeartbeat\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x16\n" +
@@ -2440,12 +3681,31 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x02at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12+\n" +
 	"\x11staleness_seconds\x18\t \x01(\x01R\x10stalenessSeconds\x12>\n" +
 	"\brejected\x18\n" +
-	" \x03(\v2\".sluice.config.v1.RejectedSnapshotR\brejected*~\n" +
+	" \x03(\v2\".sluice.config.v1.RejectedSnapshotR\brejected\x129\n" +
+	"\trejecting\x18\v \x01(\v2\x1b.sluice.config.v1.RejectingR\trejecting\x12>\n" +
+	"\aejected\x18\xb4\x01 \x03(\v2#.sluice.config.v1.EjectedDeploymentR\aejected\"\xa3\x01\n" +
+	"\x11EjectedDeployment\x12#\n" +
+	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1f\n" +
+	"\vmodel_group\x18\x02 \x01(\tR\n" +
+	"modelGroup\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\"\xb7\x01\n" +
+	"\tRejecting\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12'\n" +
+	"\x0frunning_version\x18\x02 \x01(\x04R\x0erunningVersion\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1d\n" +
+	"\n" +
+	"past_bound\x18\x05 \x01(\bR\tpastBound*~\n" +
 	"\fTrafficClass\x12\x1d\n" +
 	"\x19TRAFFIC_CLASS_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19TRAFFIC_CLASS_INTERACTIVE\x10\x01\x12\x17\n" +
 	"\x13TRAFFIC_CLASS_AGENT\x10\x02\x12\x17\n" +
-	"\x13TRAFFIC_CLASS_BATCH\x10\x03B@Z>github.com/sluicegw/sluice/proto/gen/sluice/config/v1;configv1b\x06proto3"
+	"\x13TRAFFIC_CLASS_BATCH\x10\x03*\x8e\x01\n" +
+	"\x15UnknownIdentityPolicy\x12'\n" +
+	"#UNKNOWN_IDENTITY_POLICY_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eUNKNOWN_IDENTITY_POLICY_REFUSE\x10\x01\x12(\n" +
+	"$UNKNOWN_IDENTITY_POLICY_DEFAULT_TEAM\x10\x02B@Z>github.com/sluicegw/sluice/proto/gen/sluice/config/v1;configv1b\x06proto3"
 
 var (
 	file_sluice_config_v1_config_proto_rawDescOnce sync.Once
@@ -2459,89 +3719,128 @@ func file_sluice_config_v1_config_proto_rawDescGZIP() []byte {
 	return file_sluice_config_v1_config_proto_rawDescData
 }
 
-var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_sluice_config_v1_config_proto_goTypes = []any{
 	(TrafficClass)(0),             // 0: sluice.config.v1.TrafficClass
-	(*Limits)(nil),                // 1: sluice.config.v1.Limits
-	(*Org)(nil),                   // 2: sluice.config.v1.Org
-	(*Team)(nil),                  // 3: sluice.config.v1.Team
-	(*User)(nil),                  // 4: sluice.config.v1.User
-	(*Member)(nil),                // 5: sluice.config.v1.Member
-	(*Customer)(nil),              // 6: sluice.config.v1.Customer
-	(*OldHash)(nil),               // 7: sluice.config.v1.OldHash
-	(*Key)(nil),                   // 8: sluice.config.v1.Key
-	(*Snapshot)(nil),              // 9: sluice.config.v1.Snapshot
-	(*BudgetSeed)(nil),            // 10: sluice.config.v1.BudgetSeed
-	(*ModelGroup)(nil),            // 11: sluice.config.v1.ModelGroup
-	(*Capabilities)(nil),          // 12: sluice.config.v1.Capabilities
-	(*Prices)(nil),                // 13: sluice.config.v1.Prices
-	(*Deployment)(nil),            // 14: sluice.config.v1.Deployment
-	(*MemberRef)(nil),             // 15: sluice.config.v1.MemberRef
-	(*BlockChange)(nil),           // 16: sluice.config.v1.BlockChange
-	(*Event)(nil),                 // 17: sluice.config.v1.Event
-	(*RegionEvent)(nil),           // 18: sluice.config.v1.RegionEvent
-	(*SnapshotPointer)(nil),       // 19: sluice.config.v1.SnapshotPointer
-	(*Tick)(nil),                  // 20: sluice.config.v1.Tick
-	(*RejectedSnapshot)(nil),      // 21: sluice.config.v1.RejectedSnapshot
-	(*Heartbeat)(nil),             // 22: sluice.config.v1.Heartbeat
-	nil,                           // 23: sluice.config.v1.Limits.ModelMaxBudgetEntry
-	nil,                           // 24: sluice.config.v1.Limits.ModelRpmLimitEntry
-	nil,                           // 25: sluice.config.v1.Limits.ModelTpmLimitEntry
-	nil,                           // 26: sluice.config.v1.Team.ModelGroupAliasesEntry
-	nil,                           // 27: sluice.config.v1.Key.ModelGroupAliasesEntry
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(UnknownIdentityPolicy)(0),    // 1: sluice.config.v1.UnknownIdentityPolicy
+	(*Limits)(nil),                // 2: sluice.config.v1.Limits
+	(*Org)(nil),                   // 3: sluice.config.v1.Org
+	(*OrgTraffic)(nil),            // 4: sluice.config.v1.OrgTraffic
+	(*ClassificationRule)(nil),    // 5: sluice.config.v1.ClassificationRule
+	(*Demotion)(nil),              // 6: sluice.config.v1.Demotion
+	(*ClassQueue)(nil),            // 7: sluice.config.v1.ClassQueue
+	(*ClassPriorities)(nil),       // 8: sluice.config.v1.ClassPriorities
+	(*DeploymentTraffic)(nil),     // 9: sluice.config.v1.DeploymentTraffic
+	(*ModelGroupTraffic)(nil),     // 10: sluice.config.v1.ModelGroupTraffic
+	(*Team)(nil),                  // 11: sluice.config.v1.Team
+	(*User)(nil),                  // 12: sluice.config.v1.User
+	(*Member)(nil),                // 13: sluice.config.v1.Member
+	(*Customer)(nil),              // 14: sluice.config.v1.Customer
+	(*OldHash)(nil),               // 15: sluice.config.v1.OldHash
+	(*Key)(nil),                   // 16: sluice.config.v1.Key
+	(*Snapshot)(nil),              // 17: sluice.config.v1.Snapshot
+	(*TrustedIssuer)(nil),         // 18: sluice.config.v1.TrustedIssuer
+	(*BudgetSeed)(nil),            // 19: sluice.config.v1.BudgetSeed
+	(*ModelGroup)(nil),            // 20: sluice.config.v1.ModelGroup
+	(*ModelGroupRouting)(nil),     // 21: sluice.config.v1.ModelGroupRouting
+	(*ModelGroupFallbacks)(nil),   // 22: sluice.config.v1.ModelGroupFallbacks
+	(*ModelGroupResilience)(nil),  // 23: sluice.config.v1.ModelGroupResilience
+	(*Capabilities)(nil),          // 24: sluice.config.v1.Capabilities
+	(*Prices)(nil),                // 25: sluice.config.v1.Prices
+	(*Deployment)(nil),            // 26: sluice.config.v1.Deployment
+	(*MemberRef)(nil),             // 27: sluice.config.v1.MemberRef
+	(*BlockChange)(nil),           // 28: sluice.config.v1.BlockChange
+	(*Event)(nil),                 // 29: sluice.config.v1.Event
+	(*RegionEvent)(nil),           // 30: sluice.config.v1.RegionEvent
+	(*SnapshotPointer)(nil),       // 31: sluice.config.v1.SnapshotPointer
+	(*Tick)(nil),                  // 32: sluice.config.v1.Tick
+	(*RejectedSnapshot)(nil),      // 33: sluice.config.v1.RejectedSnapshot
+	(*Heartbeat)(nil),             // 34: sluice.config.v1.Heartbeat
+	(*EjectedDeployment)(nil),     // 35: sluice.config.v1.EjectedDeployment
+	(*Rejecting)(nil),             // 36: sluice.config.v1.Rejecting
+	nil,                           // 37: sluice.config.v1.Limits.ModelMaxBudgetEntry
+	nil,                           // 38: sluice.config.v1.Limits.ModelRpmLimitEntry
+	nil,                           // 39: sluice.config.v1.Limits.ModelTpmLimitEntry
+	nil,                           // 40: sluice.config.v1.Team.ModelGroupAliasesEntry
+	nil,                           // 41: sluice.config.v1.Team.FallbacksEntry
+	nil,                           // 42: sluice.config.v1.Key.ModelGroupAliasesEntry
+	nil,                           // 43: sluice.config.v1.Key.FallbacksEntry
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 }
 var file_sluice_config_v1_config_proto_depIdxs = []int32{
-	23, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
-	24, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
-	25, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
-	1,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
-	1,  // 4: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
-	0,  // 5: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	26, // 6: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
-	1,  // 7: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
-	1,  // 8: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
-	1,  // 9: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	28, // 10: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	28, // 11: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 12: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	27, // 13: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
-	1,  // 14: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
-	7,  // 15: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	28, // 16: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 17: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
-	3,  // 18: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
-	4,  // 19: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
-	5,  // 20: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
-	6,  // 21: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
-	8,  // 22: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
-	11, // 23: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
-	14, // 24: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
-	10, // 25: sluice.config.v1.Snapshot.budget_seeds:type_name -> sluice.config.v1.BudgetSeed
-	12, // 26: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
-	13, // 27: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
-	28, // 28: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
-	2,  // 29: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
-	3,  // 30: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
-	4,  // 31: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
-	5,  // 32: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
-	15, // 33: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
-	6,  // 34: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
-	8,  // 35: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
-	16, // 36: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
-	11, // 37: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
-	14, // 38: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
-	17, // 39: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	28, // 40: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	28, // 41: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	28, // 42: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
-	21, // 43: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	37, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
+	38, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
+	39, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
+	2,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
+	4,  // 4: sluice.config.v1.Org.traffic:type_name -> sluice.config.v1.OrgTraffic
+	0,  // 5: sluice.config.v1.OrgTraffic.default_class:type_name -> sluice.config.v1.TrafficClass
+	5,  // 6: sluice.config.v1.OrgTraffic.rules:type_name -> sluice.config.v1.ClassificationRule
+	6,  // 7: sluice.config.v1.OrgTraffic.demotion:type_name -> sluice.config.v1.Demotion
+	0,  // 8: sluice.config.v1.ClassificationRule.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	0,  // 9: sluice.config.v1.ClassQueue.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	8,  // 10: sluice.config.v1.DeploymentTraffic.class_priority:type_name -> sluice.config.v1.ClassPriorities
+	7,  // 11: sluice.config.v1.DeploymentTraffic.queues:type_name -> sluice.config.v1.ClassQueue
+	7,  // 12: sluice.config.v1.ModelGroupTraffic.queues:type_name -> sluice.config.v1.ClassQueue
+	2,  // 13: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
+	0,  // 14: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	40, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	41, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
+	2,  // 17: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
+	2,  // 18: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
+	2,  // 19: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
+	44, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	44, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 22: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	42, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	2,  // 24: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
+	15, // 25: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
+	43, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
+	44, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	3,  // 28: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
+	11, // 29: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
+	12, // 30: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
+	13, // 31: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
+	14, // 32: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
+	16, // 33: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
+	20, // 34: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
+	26, // 35: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
+	18, // 36: sluice.config.v1.Snapshot.trusted_issuers:type_name -> sluice.config.v1.TrustedIssuer
+	1,  // 37: sluice.config.v1.TrustedIssuer.unknown_policy:type_name -> sluice.config.v1.UnknownIdentityPolicy
+	10, // 38: sluice.config.v1.ModelGroup.traffic:type_name -> sluice.config.v1.ModelGroupTraffic
+	21, // 39: sluice.config.v1.ModelGroup.routing:type_name -> sluice.config.v1.ModelGroupRouting
+	23, // 40: sluice.config.v1.ModelGroup.resilience:type_name -> sluice.config.v1.ModelGroupResilience
+	24, // 41: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
+	25, // 42: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
+	9,  // 43: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
+	44, // 44: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	3,  // 45: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
+	11, // 46: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
+	12, // 47: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
+	13, // 48: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
+	27, // 49: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
+	14, // 50: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
+	16, // 51: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
+	28, // 52: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
+	20, // 53: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
+	26, // 54: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
+	18, // 55: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
+	29, // 56: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
+	44, // 57: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	44, // 58: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	44, // 59: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	33, // 60: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
+	36, // 61: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
+	35, // 62: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
+	44, // 63: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	44, // 64: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	22, // 65: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	22, // 66: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	67, // [67:67] is the sub-list for method output_type
+	67, // [67:67] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }
@@ -2550,8 +3849,9 @@ func file_sluice_config_v1_config_proto_init() {
 		return
 	}
 	file_sluice_config_v1_config_proto_msgTypes[0].OneofWrappers = []any{}
-	file_sluice_config_v1_config_proto_msgTypes[4].OneofWrappers = []any{}
-	file_sluice_config_v1_config_proto_msgTypes[16].OneofWrappers = []any{
+	file_sluice_config_v1_config_proto_msgTypes[6].OneofWrappers = []any{}
+	file_sluice_config_v1_config_proto_msgTypes[11].OneofWrappers = []any{}
+	file_sluice_config_v1_config_proto_msgTypes[27].OneofWrappers = []any{
 		(*Event_Org)(nil),
 		(*Event_OrgDeleted)(nil),
 		(*Event_Team)(nil),
@@ -2569,14 +3869,16 @@ func file_sluice_config_v1_config_proto_init() {
 		(*Event_ModelGroupDeleted)(nil),
 		(*Event_Deployment)(nil),
 		(*Event_DeploymentDeleted)(nil),
+		(*Event_TrustedIssuer)(nil),
+		(*Event_TrustedIssuerDeleted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_config_v1_config_proto_rawDesc), len(file_sluice_config_v1_config_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   27,
+			NumEnums:      2,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

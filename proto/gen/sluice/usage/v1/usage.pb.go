@@ -59,10 +59,28 @@ type UsageEvent struct {
 	ErrorCode string `protobuf:"bytes,25,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	LatencyMs int64  `protobuf:"varint,26,opt,name=latency_ms,json=latencyMs,proto3" json:"latency_ms,omitempty"`
 	// Time to first token (streams), 0 otherwise.
-	TtftMs        int64 `protobuf:"varint,27,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
-	Attempts      int32 `protobuf:"varint,28,opt,name=attempts,proto3" json:"attempts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TtftMs   int64 `protobuf:"varint,27,opt,name=ttft_ms,json=ttftMs,proto3" json:"ttft_ms,omitempty"`
+	Attempts int32 `protobuf:"varint,28,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// Why the request has its traffic_class: credential, default, rule:<n>,
+	// demoted:prompt_tokens or demoted:in_flight (docs/traffic.md).
+	TrafficClassReason string `protobuf:"bytes,80,opt,name=traffic_class_reason,json=trafficClassReason,proto3" json:"traffic_class_reason,omitempty"`
+	// Why the deployment that served the request was chosen (docs/routing.md,
+	// "Visibility"): "session" (the session's pin), "prefix" (the prompt
+	// prefix's rendezvous choice), "load" (a load-aware choice: a new
+	// session's placement, bounded load, least outstanding, engine load),
+	// "shuffle" (weighted shuffle) or "fallback" (the first choice was
+	// skipped: full, ejected, failed). Empty when no deployment was tried.
+	RoutingReason string `protobuf:"bytes,50,opt,name=routing_reason,json=routingReason,proto3" json:"routing_reason,omitempty"`
+	// Prompt tokens the engine wrote to its prompt cache (Anthropic
+	// Messages' cache_creation_input_tokens); counted in prompt_tokens too,
+	// and priced as input tokens.
+	CacheCreationTokens int64 `protobuf:"varint,90,opt,name=cache_creation_tokens,json=cacheCreationTokens,proto3" json:"cache_creation_tokens,omitempty"`
+	// The model group whose deployment served the request: model_group, or
+	// the fallback group used (routing_reason "fallback"). Empty when no
+	// deployment was tried.
+	ServedModelGroup string `protobuf:"bytes,180,opt,name=served_model_group,json=servedModelGroup,proto3" json:"served_model_group,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *UsageEvent) Reset() {
@@ -291,6 +309,103 @@ func (x *UsageEvent) GetAttempts() int32 {
 	return 0
 }
 
+func (x *UsageEvent) GetTrafficClassReason() string {
+	if x != nil {
+		return x.TrafficClassReason
+	}
+	return ""
+}
+
+func (x *UsageEvent) GetRoutingReason() string {
+	if x != nil {
+		return x.RoutingReason
+	}
+	return ""
+}
+
+func (x *UsageEvent) GetCacheCreationTokens() int64 {
+	if x != nil {
+		return x.CacheCreationTokens
+	}
+	return 0
+}
+
+func (x *UsageEvent) GetServedModelGroup() string {
+	if x != nil {
+		return x.ServedModelGroup
+	}
+	return ""
+}
+
+// UsageBatch carries many usage events in one JetStream message
+// (docs/ledger.md, "Batches"). A batch is published with the NATS header
+// Sluice-Usage-Encoding: batch.v1 (proto/wire: UsageEncodingHeader,
+// UsageEncodingBatchV1) and JetStream message id "b:" + batch_id; a
+// message without that header is a single UsageEvent, the format of every
+// earlier build. The ledger de-duplicates the events of a batch by their
+// request ids, exactly like single events.
+//
+// Its fields are numbered 120 and 121, not 1 and 2, on purpose: they are
+// reserved in UsageEvent, so a control plane that does not know batches
+// decodes one as an event without a request id and refuses it (logged and
+// counted), instead of taking an encoded event for a request id.
+type UsageBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The events, in the order the data plane recorded them; at most a few
+	// hundred, and the encoded batch within the server's max payload.
+	Events []*UsageEvent `protobuf:"bytes,120,rep,name=events,proto3" json:"events,omitempty"`
+	// Unique per batch and publisher; the JetStream message id is
+	// "b:" + batch_id, so a republished batch (lost ack) is dropped by
+	// JetStream's duplicate window.
+	BatchId       string `protobuf:"bytes,121,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageBatch) Reset() {
+	*x = UsageBatch{}
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageBatch) ProtoMessage() {}
+
+func (x *UsageBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageBatch.ProtoReflect.Descriptor instead.
+func (*UsageBatch) Descriptor() ([]byte, []int) {
+	return file_sluice_usage_v1_usage_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UsageBatch) GetEvents() []*UsageEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *UsageBatch) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
 // BudgetAlert is published by a data plane when a settled request made a
 // scope's spend cross a budget threshold (SPEC §8.3): the soft budget, or a
 // percentage of the hard cap (default 50/85/95/100). Each fires once per
@@ -326,7 +441,7 @@ type BudgetAlert struct {
 
 func (x *BudgetAlert) Reset() {
 	*x = BudgetAlert{}
-	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +453,7 @@ func (x *BudgetAlert) String() string {
 func (*BudgetAlert) ProtoMessage() {}
 
 func (x *BudgetAlert) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_usage_v1_usage_proto_msgTypes[1]
+	mi := &file_sluice_usage_v1_usage_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +466,7 @@ func (x *BudgetAlert) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetAlert.ProtoReflect.Descriptor instead.
 func (*BudgetAlert) Descriptor() ([]byte, []int) {
-	return file_sluice_usage_v1_usage_proto_rawDescGZIP(), []int{1}
+	return file_sluice_usage_v1_usage_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *BudgetAlert) GetAlertId() string {
@@ -463,7 +578,7 @@ var File_sluice_usage_v1_usage_proto protoreflect.FileDescriptor
 
 const file_sluice_usage_v1_usage_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/usage/v1/usage.proto\x12\x0fsluice.usage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd7\x06\n" +
+	"\x1bsluice/usage/v1/usage.proto\x12\x0fsluice.usage.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9f\b\n" +
 	"\n" +
 	"UsageEvent\x12\x1d\n" +
 	"\n" +
@@ -500,7 +615,15 @@ const file_sluice_usage_v1_usage_proto_rawDesc = "" +
 	"\n" +
 	"latency_ms\x18\x1a \x01(\x03R\tlatencyMs\x12\x17\n" +
 	"\attft_ms\x18\x1b \x01(\x03R\x06ttftMs\x12\x1a\n" +
-	"\battempts\x18\x1c \x01(\x05R\battempts\"\xe5\x03\n" +
+	"\battempts\x18\x1c \x01(\x05R\battempts\x120\n" +
+	"\x14traffic_class_reason\x18P \x01(\tR\x12trafficClassReason\x12%\n" +
+	"\x0erouting_reason\x182 \x01(\tR\rroutingReason\x122\n" +
+	"\x15cache_creation_tokens\x18Z \x01(\x03R\x13cacheCreationTokens\x12-\n" +
+	"\x12served_model_group\x18\xb4\x01 \x01(\tR\x10servedModelGroupJ\x04\bx\x10yJ\x04\by\x10z\"\\\n" +
+	"\n" +
+	"UsageBatch\x123\n" +
+	"\x06events\x18x \x03(\v2\x1b.sluice.usage.v1.UsageEventR\x06events\x12\x19\n" +
+	"\bbatch_id\x18y \x01(\tR\abatchId\"\xe5\x03\n" +
 	"\vBudgetAlert\x12\x19\n" +
 	"\balert_id\x18\x01 \x01(\tR\aalertId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x15\n" +
@@ -536,20 +659,22 @@ func file_sluice_usage_v1_usage_proto_rawDescGZIP() []byte {
 	return file_sluice_usage_v1_usage_proto_rawDescData
 }
 
-var file_sluice_usage_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_sluice_usage_v1_usage_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_sluice_usage_v1_usage_proto_goTypes = []any{
 	(*UsageEvent)(nil),            // 0: sluice.usage.v1.UsageEvent
-	(*BudgetAlert)(nil),           // 1: sluice.usage.v1.BudgetAlert
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
+	(*UsageBatch)(nil),            // 1: sluice.usage.v1.UsageBatch
+	(*BudgetAlert)(nil),           // 2: sluice.usage.v1.BudgetAlert
+	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 }
 var file_sluice_usage_v1_usage_proto_depIdxs = []int32{
-	2, // 0: sluice.usage.v1.UsageEvent.time:type_name -> google.protobuf.Timestamp
-	2, // 1: sluice.usage.v1.BudgetAlert.time:type_name -> google.protobuf.Timestamp
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 0: sluice.usage.v1.UsageEvent.time:type_name -> google.protobuf.Timestamp
+	0, // 1: sluice.usage.v1.UsageBatch.events:type_name -> sluice.usage.v1.UsageEvent
+	3, // 2: sluice.usage.v1.BudgetAlert.time:type_name -> google.protobuf.Timestamp
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_sluice_usage_v1_usage_proto_init() }
@@ -563,7 +688,7 @@ func file_sluice_usage_v1_usage_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_usage_v1_usage_proto_rawDesc), len(file_sluice_usage_v1_usage_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -35,11 +35,41 @@ const (
 const (
 	// AlertServiceListAlertsProcedure is the fully-qualified name of the AlertService's ListAlerts RPC.
 	AlertServiceListAlertsProcedure = "/sluice.admin.v1.AlertService/ListAlerts"
+	// AlertServiceCreateAlertWebhookProcedure is the fully-qualified name of the AlertService's
+	// CreateAlertWebhook RPC.
+	AlertServiceCreateAlertWebhookProcedure = "/sluice.admin.v1.AlertService/CreateAlertWebhook"
+	// AlertServiceListAlertWebhooksProcedure is the fully-qualified name of the AlertService's
+	// ListAlertWebhooks RPC.
+	AlertServiceListAlertWebhooksProcedure = "/sluice.admin.v1.AlertService/ListAlertWebhooks"
+	// AlertServiceDeleteAlertWebhookProcedure is the fully-qualified name of the AlertService's
+	// DeleteAlertWebhook RPC.
+	AlertServiceDeleteAlertWebhookProcedure = "/sluice.admin.v1.AlertService/DeleteAlertWebhook"
+	// AlertServiceListAlertDeliveriesProcedure is the fully-qualified name of the AlertService's
+	// ListAlertDeliveries RPC.
+	AlertServiceListAlertDeliveriesProcedure = "/sluice.admin.v1.AlertService/ListAlertDeliveries"
+	// AlertServiceRetryAlertDeliveryProcedure is the fully-qualified name of the AlertService's
+	// RetryAlertDelivery RPC.
+	AlertServiceRetryAlertDeliveryProcedure = "/sluice.admin.v1.AlertService/RetryAlertDelivery"
 )
 
 // AlertServiceClient is a client for the sluice.admin.v1.AlertService service.
 type AlertServiceClient interface {
 	ListAlerts(context.Context, *connect.Request[v1.ListAlertsRequest]) (*connect.Response[v1.ListAlertsResponse], error)
+	// CreateAlertWebhook registers an endpoint that receives the org's
+	// budget alerts (docs/alerts.md). The signing secret is returned once;
+	// it is stored sealed by the control plane's key ring.
+	CreateAlertWebhook(context.Context, *connect.Request[v1.CreateAlertWebhookRequest]) (*connect.Response[v1.CreateAlertWebhookResponse], error)
+	ListAlertWebhooks(context.Context, *connect.Request[v1.ListAlertWebhooksRequest]) (*connect.Response[v1.ListAlertWebhooksResponse], error)
+	// DeleteAlertWebhook removes an endpoint; its pending deliveries are
+	// dropped with it.
+	DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error)
+	// ListAlertDeliveries shows delivery state: pending (with attempts and
+	// the next attempt), delivered, or dead (the dead-letter list: every
+	// attempt failed).
+	ListAlertDeliveries(context.Context, *connect.Request[v1.ListAlertDeliveriesRequest]) (*connect.Response[v1.ListAlertDeliveriesResponse], error)
+	// RetryAlertDelivery puts a dead delivery back to pending (same
+	// delivery id, attempts reset).
+	RetryAlertDelivery(context.Context, *connect.Request[v1.RetryAlertDeliveryRequest]) (*connect.Response[v1.RetryAlertDeliveryResponse], error)
 }
 
 // NewAlertServiceClient constructs a client for the sluice.admin.v1.AlertService service. By
@@ -60,12 +90,49 @@ func NewAlertServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 			connect.WithClientOptions(opts...),
 		),
+		createAlertWebhook: connect.NewClient[v1.CreateAlertWebhookRequest, v1.CreateAlertWebhookResponse](
+			httpClient,
+			baseURL+AlertServiceCreateAlertWebhookProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("CreateAlertWebhook")),
+			connect.WithClientOptions(opts...),
+		),
+		listAlertWebhooks: connect.NewClient[v1.ListAlertWebhooksRequest, v1.ListAlertWebhooksResponse](
+			httpClient,
+			baseURL+AlertServiceListAlertWebhooksProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("ListAlertWebhooks")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		deleteAlertWebhook: connect.NewClient[v1.DeleteAlertWebhookRequest, v1.DeleteAlertWebhookResponse](
+			httpClient,
+			baseURL+AlertServiceDeleteAlertWebhookProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("DeleteAlertWebhook")),
+			connect.WithClientOptions(opts...),
+		),
+		listAlertDeliveries: connect.NewClient[v1.ListAlertDeliveriesRequest, v1.ListAlertDeliveriesResponse](
+			httpClient,
+			baseURL+AlertServiceListAlertDeliveriesProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("ListAlertDeliveries")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
+		retryAlertDelivery: connect.NewClient[v1.RetryAlertDeliveryRequest, v1.RetryAlertDeliveryResponse](
+			httpClient,
+			baseURL+AlertServiceRetryAlertDeliveryProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("RetryAlertDelivery")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // alertServiceClient implements AlertServiceClient.
 type alertServiceClient struct {
-	listAlerts *connect.Client[v1.ListAlertsRequest, v1.ListAlertsResponse]
+	listAlerts          *connect.Client[v1.ListAlertsRequest, v1.ListAlertsResponse]
+	createAlertWebhook  *connect.Client[v1.CreateAlertWebhookRequest, v1.CreateAlertWebhookResponse]
+	listAlertWebhooks   *connect.Client[v1.ListAlertWebhooksRequest, v1.ListAlertWebhooksResponse]
+	deleteAlertWebhook  *connect.Client[v1.DeleteAlertWebhookRequest, v1.DeleteAlertWebhookResponse]
+	listAlertDeliveries *connect.Client[v1.ListAlertDeliveriesRequest, v1.ListAlertDeliveriesResponse]
+	retryAlertDelivery  *connect.Client[v1.RetryAlertDeliveryRequest, v1.RetryAlertDeliveryResponse]
 }
 
 // ListAlerts calls sluice.admin.v1.AlertService.ListAlerts.
@@ -73,9 +140,49 @@ func (c *alertServiceClient) ListAlerts(ctx context.Context, req *connect.Reques
 	return c.listAlerts.CallUnary(ctx, req)
 }
 
+// CreateAlertWebhook calls sluice.admin.v1.AlertService.CreateAlertWebhook.
+func (c *alertServiceClient) CreateAlertWebhook(ctx context.Context, req *connect.Request[v1.CreateAlertWebhookRequest]) (*connect.Response[v1.CreateAlertWebhookResponse], error) {
+	return c.createAlertWebhook.CallUnary(ctx, req)
+}
+
+// ListAlertWebhooks calls sluice.admin.v1.AlertService.ListAlertWebhooks.
+func (c *alertServiceClient) ListAlertWebhooks(ctx context.Context, req *connect.Request[v1.ListAlertWebhooksRequest]) (*connect.Response[v1.ListAlertWebhooksResponse], error) {
+	return c.listAlertWebhooks.CallUnary(ctx, req)
+}
+
+// DeleteAlertWebhook calls sluice.admin.v1.AlertService.DeleteAlertWebhook.
+func (c *alertServiceClient) DeleteAlertWebhook(ctx context.Context, req *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error) {
+	return c.deleteAlertWebhook.CallUnary(ctx, req)
+}
+
+// ListAlertDeliveries calls sluice.admin.v1.AlertService.ListAlertDeliveries.
+func (c *alertServiceClient) ListAlertDeliveries(ctx context.Context, req *connect.Request[v1.ListAlertDeliveriesRequest]) (*connect.Response[v1.ListAlertDeliveriesResponse], error) {
+	return c.listAlertDeliveries.CallUnary(ctx, req)
+}
+
+// RetryAlertDelivery calls sluice.admin.v1.AlertService.RetryAlertDelivery.
+func (c *alertServiceClient) RetryAlertDelivery(ctx context.Context, req *connect.Request[v1.RetryAlertDeliveryRequest]) (*connect.Response[v1.RetryAlertDeliveryResponse], error) {
+	return c.retryAlertDelivery.CallUnary(ctx, req)
+}
+
 // AlertServiceHandler is an implementation of the sluice.admin.v1.AlertService service.
 type AlertServiceHandler interface {
 	ListAlerts(context.Context, *connect.Request[v1.ListAlertsRequest]) (*connect.Response[v1.ListAlertsResponse], error)
+	// CreateAlertWebhook registers an endpoint that receives the org's
+	// budget alerts (docs/alerts.md). The signing secret is returned once;
+	// it is stored sealed by the control plane's key ring.
+	CreateAlertWebhook(context.Context, *connect.Request[v1.CreateAlertWebhookRequest]) (*connect.Response[v1.CreateAlertWebhookResponse], error)
+	ListAlertWebhooks(context.Context, *connect.Request[v1.ListAlertWebhooksRequest]) (*connect.Response[v1.ListAlertWebhooksResponse], error)
+	// DeleteAlertWebhook removes an endpoint; its pending deliveries are
+	// dropped with it.
+	DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error)
+	// ListAlertDeliveries shows delivery state: pending (with attempts and
+	// the next attempt), delivered, or dead (the dead-letter list: every
+	// attempt failed).
+	ListAlertDeliveries(context.Context, *connect.Request[v1.ListAlertDeliveriesRequest]) (*connect.Response[v1.ListAlertDeliveriesResponse], error)
+	// RetryAlertDelivery puts a dead delivery back to pending (same
+	// delivery id, attempts reset).
+	RetryAlertDelivery(context.Context, *connect.Request[v1.RetryAlertDeliveryRequest]) (*connect.Response[v1.RetryAlertDeliveryResponse], error)
 }
 
 // NewAlertServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -92,10 +199,52 @@ func NewAlertServiceHandler(svc AlertServiceHandler, opts ...connect.HandlerOpti
 		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
 		connect.WithHandlerOptions(opts...),
 	)
+	alertServiceCreateAlertWebhookHandler := connect.NewUnaryHandler(
+		AlertServiceCreateAlertWebhookProcedure,
+		svc.CreateAlertWebhook,
+		connect.WithSchema(alertServiceMethods.ByName("CreateAlertWebhook")),
+		connect.WithHandlerOptions(opts...),
+	)
+	alertServiceListAlertWebhooksHandler := connect.NewUnaryHandler(
+		AlertServiceListAlertWebhooksProcedure,
+		svc.ListAlertWebhooks,
+		connect.WithSchema(alertServiceMethods.ByName("ListAlertWebhooks")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	alertServiceDeleteAlertWebhookHandler := connect.NewUnaryHandler(
+		AlertServiceDeleteAlertWebhookProcedure,
+		svc.DeleteAlertWebhook,
+		connect.WithSchema(alertServiceMethods.ByName("DeleteAlertWebhook")),
+		connect.WithHandlerOptions(opts...),
+	)
+	alertServiceListAlertDeliveriesHandler := connect.NewUnaryHandler(
+		AlertServiceListAlertDeliveriesProcedure,
+		svc.ListAlertDeliveries,
+		connect.WithSchema(alertServiceMethods.ByName("ListAlertDeliveries")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
+	alertServiceRetryAlertDeliveryHandler := connect.NewUnaryHandler(
+		AlertServiceRetryAlertDeliveryProcedure,
+		svc.RetryAlertDelivery,
+		connect.WithSchema(alertServiceMethods.ByName("RetryAlertDelivery")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sluice.admin.v1.AlertService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AlertServiceListAlertsProcedure:
 			alertServiceListAlertsHandler.ServeHTTP(w, r)
+		case AlertServiceCreateAlertWebhookProcedure:
+			alertServiceCreateAlertWebhookHandler.ServeHTTP(w, r)
+		case AlertServiceListAlertWebhooksProcedure:
+			alertServiceListAlertWebhooksHandler.ServeHTTP(w, r)
+		case AlertServiceDeleteAlertWebhookProcedure:
+			alertServiceDeleteAlertWebhookHandler.ServeHTTP(w, r)
+		case AlertServiceListAlertDeliveriesProcedure:
+			alertServiceListAlertDeliveriesHandler.ServeHTTP(w, r)
+		case AlertServiceRetryAlertDeliveryProcedure:
+			alertServiceRetryAlertDeliveryHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -107,4 +256,24 @@ type UnimplementedAlertServiceHandler struct{}
 
 func (UnimplementedAlertServiceHandler) ListAlerts(context.Context, *connect.Request[v1.ListAlertsRequest]) (*connect.Response[v1.ListAlertsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.ListAlerts is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) CreateAlertWebhook(context.Context, *connect.Request[v1.CreateAlertWebhookRequest]) (*connect.Response[v1.CreateAlertWebhookResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.CreateAlertWebhook is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) ListAlertWebhooks(context.Context, *connect.Request[v1.ListAlertWebhooksRequest]) (*connect.Response[v1.ListAlertWebhooksResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.ListAlertWebhooks is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.DeleteAlertWebhook is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) ListAlertDeliveries(context.Context, *connect.Request[v1.ListAlertDeliveriesRequest]) (*connect.Response[v1.ListAlertDeliveriesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.ListAlertDeliveries is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) RetryAlertDelivery(context.Context, *connect.Request[v1.RetryAlertDeliveryRequest]) (*connect.Response[v1.RetryAlertDeliveryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.RetryAlertDelivery is not implemented"))
 }

@@ -44,8 +44,19 @@ const (
 // AuditServiceClient is a client for the sluice.admin.v1.AuditService service.
 type AuditServiceClient interface {
 	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
-	// VerifyAuditChain recomputes every hash of the chain and reports the
-	// first broken link.
+	// VerifyAuditChain recomputes the hashes of the chain and reports the
+	// first broken link, one bounded page of records per call: follow
+	// next_page_token until it is empty (sluicectl audit verify does).
+	//
+	// Platform-scoped tokens verify the whole chain: every record's hash,
+	// every link, and on the last page the chain head (so records removed at
+	// the end are found). Org- and team-scoped tokens verify their tenant's
+	// view, the records ListAuditEvents shows them: each record's hash over
+	// its contents and its link to the record before it (compared by hash,
+	// never read or returned). Counts and positions in their answers are of
+	// their own records only, so they learn nothing of other tenants'
+	// activity. A replica runs at most 2 verifications at once; more are
+	// ResourceExhausted (retry).
 	VerifyAuditChain(context.Context, *connect.Request[v1.VerifyAuditChainRequest]) (*connect.Response[v1.VerifyAuditChainResponse], error)
 }
 
@@ -96,8 +107,19 @@ func (c *auditServiceClient) VerifyAuditChain(ctx context.Context, req *connect.
 // AuditServiceHandler is an implementation of the sluice.admin.v1.AuditService service.
 type AuditServiceHandler interface {
 	ListAuditEvents(context.Context, *connect.Request[v1.ListAuditEventsRequest]) (*connect.Response[v1.ListAuditEventsResponse], error)
-	// VerifyAuditChain recomputes every hash of the chain and reports the
-	// first broken link.
+	// VerifyAuditChain recomputes the hashes of the chain and reports the
+	// first broken link, one bounded page of records per call: follow
+	// next_page_token until it is empty (sluicectl audit verify does).
+	//
+	// Platform-scoped tokens verify the whole chain: every record's hash,
+	// every link, and on the last page the chain head (so records removed at
+	// the end are found). Org- and team-scoped tokens verify their tenant's
+	// view, the records ListAuditEvents shows them: each record's hash over
+	// its contents and its link to the record before it (compared by hash,
+	// never read or returned). Counts and positions in their answers are of
+	// their own records only, so they learn nothing of other tenants'
+	// activity. A replica runs at most 2 verifications at once; more are
+	// ResourceExhausted (retry).
 	VerifyAuditChain(context.Context, *connect.Request[v1.VerifyAuditChainRequest]) (*connect.Response[v1.VerifyAuditChainResponse], error)
 }
 

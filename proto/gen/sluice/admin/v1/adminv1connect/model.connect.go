@@ -63,6 +63,15 @@ const (
 	// ModelServiceDeleteDeploymentProcedure is the fully-qualified name of the ModelService's
 	// DeleteDeployment RPC.
 	ModelServiceDeleteDeploymentProcedure = "/sluice.admin.v1.ModelService/DeleteDeployment"
+	// ModelServiceGrantModelGroupProcedure is the fully-qualified name of the ModelService's
+	// GrantModelGroup RPC.
+	ModelServiceGrantModelGroupProcedure = "/sluice.admin.v1.ModelService/GrantModelGroup"
+	// ModelServiceRevokeModelGroupProcedure is the fully-qualified name of the ModelService's
+	// RevokeModelGroup RPC.
+	ModelServiceRevokeModelGroupProcedure = "/sluice.admin.v1.ModelService/RevokeModelGroup"
+	// ModelServiceListModelGroupGrantsProcedure is the fully-qualified name of the ModelService's
+	// ListModelGroupGrants RPC.
+	ModelServiceListModelGroupGrantsProcedure = "/sluice.admin.v1.ModelService/ListModelGroupGrants"
 )
 
 // ModelServiceClient is a client for the sluice.admin.v1.ModelService service.
@@ -78,6 +87,17 @@ type ModelServiceClient interface {
 	ListDeployments(context.Context, *connect.Request[v1.ListDeploymentsRequest]) (*connect.Response[v1.ListDeploymentsResponse], error)
 	UpdateDeployment(context.Context, *connect.Request[v1.UpdateDeploymentRequest]) (*connect.Response[v1.UpdateDeploymentResponse], error)
 	DeleteDeployment(context.Context, *connect.Request[v1.DeleteDeploymentRequest]) (*connect.Response[v1.DeleteDeploymentResponse], error)
+	// GrantModelGroup lets an org see and call a model group (platform
+	// tokens; audited; distributed like any change). Granting a grant that
+	// exists is AlreadyExists.
+	GrantModelGroup(context.Context, *connect.Request[v1.GrantModelGroupRequest]) (*connect.Response[v1.GrantModelGroupResponse], error)
+	// RevokeModelGroup takes a grant away (platform tokens; audited). It is
+	// a security event: every data plane refuses the org's requests for the
+	// group at once (the same fast path as blocks).
+	RevokeModelGroup(context.Context, *connect.Request[v1.RevokeModelGroupRequest]) (*connect.Response[v1.RevokeModelGroupResponse], error)
+	// ListModelGroupGrants lists grants, of one group or of one org. Platform
+	// tokens see every grant; org and team tokens only their own org's.
+	ListModelGroupGrants(context.Context, *connect.Request[v1.ListModelGroupGrantsRequest]) (*connect.Response[v1.ListModelGroupGrantsResponse], error)
 }
 
 // NewModelServiceClient constructs a client for the sluice.admin.v1.ModelService service. By
@@ -155,21 +175,43 @@ func NewModelServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(modelServiceMethods.ByName("DeleteDeployment")),
 			connect.WithClientOptions(opts...),
 		),
+		grantModelGroup: connect.NewClient[v1.GrantModelGroupRequest, v1.GrantModelGroupResponse](
+			httpClient,
+			baseURL+ModelServiceGrantModelGroupProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("GrantModelGroup")),
+			connect.WithClientOptions(opts...),
+		),
+		revokeModelGroup: connect.NewClient[v1.RevokeModelGroupRequest, v1.RevokeModelGroupResponse](
+			httpClient,
+			baseURL+ModelServiceRevokeModelGroupProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("RevokeModelGroup")),
+			connect.WithClientOptions(opts...),
+		),
+		listModelGroupGrants: connect.NewClient[v1.ListModelGroupGrantsRequest, v1.ListModelGroupGrantsResponse](
+			httpClient,
+			baseURL+ModelServiceListModelGroupGrantsProcedure,
+			connect.WithSchema(modelServiceMethods.ByName("ListModelGroupGrants")),
+			connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // modelServiceClient implements ModelServiceClient.
 type modelServiceClient struct {
-	createModelGroup *connect.Client[v1.CreateModelGroupRequest, v1.CreateModelGroupResponse]
-	getModelGroup    *connect.Client[v1.GetModelGroupRequest, v1.GetModelGroupResponse]
-	listModelGroups  *connect.Client[v1.ListModelGroupsRequest, v1.ListModelGroupsResponse]
-	updateModelGroup *connect.Client[v1.UpdateModelGroupRequest, v1.UpdateModelGroupResponse]
-	deleteModelGroup *connect.Client[v1.DeleteModelGroupRequest, v1.DeleteModelGroupResponse]
-	createDeployment *connect.Client[v1.CreateDeploymentRequest, v1.CreateDeploymentResponse]
-	getDeployment    *connect.Client[v1.GetDeploymentRequest, v1.GetDeploymentResponse]
-	listDeployments  *connect.Client[v1.ListDeploymentsRequest, v1.ListDeploymentsResponse]
-	updateDeployment *connect.Client[v1.UpdateDeploymentRequest, v1.UpdateDeploymentResponse]
-	deleteDeployment *connect.Client[v1.DeleteDeploymentRequest, v1.DeleteDeploymentResponse]
+	createModelGroup     *connect.Client[v1.CreateModelGroupRequest, v1.CreateModelGroupResponse]
+	getModelGroup        *connect.Client[v1.GetModelGroupRequest, v1.GetModelGroupResponse]
+	listModelGroups      *connect.Client[v1.ListModelGroupsRequest, v1.ListModelGroupsResponse]
+	updateModelGroup     *connect.Client[v1.UpdateModelGroupRequest, v1.UpdateModelGroupResponse]
+	deleteModelGroup     *connect.Client[v1.DeleteModelGroupRequest, v1.DeleteModelGroupResponse]
+	createDeployment     *connect.Client[v1.CreateDeploymentRequest, v1.CreateDeploymentResponse]
+	getDeployment        *connect.Client[v1.GetDeploymentRequest, v1.GetDeploymentResponse]
+	listDeployments      *connect.Client[v1.ListDeploymentsRequest, v1.ListDeploymentsResponse]
+	updateDeployment     *connect.Client[v1.UpdateDeploymentRequest, v1.UpdateDeploymentResponse]
+	deleteDeployment     *connect.Client[v1.DeleteDeploymentRequest, v1.DeleteDeploymentResponse]
+	grantModelGroup      *connect.Client[v1.GrantModelGroupRequest, v1.GrantModelGroupResponse]
+	revokeModelGroup     *connect.Client[v1.RevokeModelGroupRequest, v1.RevokeModelGroupResponse]
+	listModelGroupGrants *connect.Client[v1.ListModelGroupGrantsRequest, v1.ListModelGroupGrantsResponse]
 }
 
 // CreateModelGroup calls sluice.admin.v1.ModelService.CreateModelGroup.
@@ -222,6 +264,21 @@ func (c *modelServiceClient) DeleteDeployment(ctx context.Context, req *connect.
 	return c.deleteDeployment.CallUnary(ctx, req)
 }
 
+// GrantModelGroup calls sluice.admin.v1.ModelService.GrantModelGroup.
+func (c *modelServiceClient) GrantModelGroup(ctx context.Context, req *connect.Request[v1.GrantModelGroupRequest]) (*connect.Response[v1.GrantModelGroupResponse], error) {
+	return c.grantModelGroup.CallUnary(ctx, req)
+}
+
+// RevokeModelGroup calls sluice.admin.v1.ModelService.RevokeModelGroup.
+func (c *modelServiceClient) RevokeModelGroup(ctx context.Context, req *connect.Request[v1.RevokeModelGroupRequest]) (*connect.Response[v1.RevokeModelGroupResponse], error) {
+	return c.revokeModelGroup.CallUnary(ctx, req)
+}
+
+// ListModelGroupGrants calls sluice.admin.v1.ModelService.ListModelGroupGrants.
+func (c *modelServiceClient) ListModelGroupGrants(ctx context.Context, req *connect.Request[v1.ListModelGroupGrantsRequest]) (*connect.Response[v1.ListModelGroupGrantsResponse], error) {
+	return c.listModelGroupGrants.CallUnary(ctx, req)
+}
+
 // ModelServiceHandler is an implementation of the sluice.admin.v1.ModelService service.
 type ModelServiceHandler interface {
 	CreateModelGroup(context.Context, *connect.Request[v1.CreateModelGroupRequest]) (*connect.Response[v1.CreateModelGroupResponse], error)
@@ -235,6 +292,17 @@ type ModelServiceHandler interface {
 	ListDeployments(context.Context, *connect.Request[v1.ListDeploymentsRequest]) (*connect.Response[v1.ListDeploymentsResponse], error)
 	UpdateDeployment(context.Context, *connect.Request[v1.UpdateDeploymentRequest]) (*connect.Response[v1.UpdateDeploymentResponse], error)
 	DeleteDeployment(context.Context, *connect.Request[v1.DeleteDeploymentRequest]) (*connect.Response[v1.DeleteDeploymentResponse], error)
+	// GrantModelGroup lets an org see and call a model group (platform
+	// tokens; audited; distributed like any change). Granting a grant that
+	// exists is AlreadyExists.
+	GrantModelGroup(context.Context, *connect.Request[v1.GrantModelGroupRequest]) (*connect.Response[v1.GrantModelGroupResponse], error)
+	// RevokeModelGroup takes a grant away (platform tokens; audited). It is
+	// a security event: every data plane refuses the org's requests for the
+	// group at once (the same fast path as blocks).
+	RevokeModelGroup(context.Context, *connect.Request[v1.RevokeModelGroupRequest]) (*connect.Response[v1.RevokeModelGroupResponse], error)
+	// ListModelGroupGrants lists grants, of one group or of one org. Platform
+	// tokens see every grant; org and team tokens only their own org's.
+	ListModelGroupGrants(context.Context, *connect.Request[v1.ListModelGroupGrantsRequest]) (*connect.Response[v1.ListModelGroupGrantsResponse], error)
 }
 
 // NewModelServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -308,6 +376,25 @@ func NewModelServiceHandler(svc ModelServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(modelServiceMethods.ByName("DeleteDeployment")),
 		connect.WithHandlerOptions(opts...),
 	)
+	modelServiceGrantModelGroupHandler := connect.NewUnaryHandler(
+		ModelServiceGrantModelGroupProcedure,
+		svc.GrantModelGroup,
+		connect.WithSchema(modelServiceMethods.ByName("GrantModelGroup")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceRevokeModelGroupHandler := connect.NewUnaryHandler(
+		ModelServiceRevokeModelGroupProcedure,
+		svc.RevokeModelGroup,
+		connect.WithSchema(modelServiceMethods.ByName("RevokeModelGroup")),
+		connect.WithHandlerOptions(opts...),
+	)
+	modelServiceListModelGroupGrantsHandler := connect.NewUnaryHandler(
+		ModelServiceListModelGroupGrantsProcedure,
+		svc.ListModelGroupGrants,
+		connect.WithSchema(modelServiceMethods.ByName("ListModelGroupGrants")),
+		connect.WithIdempotency(connect.IdempotencyNoSideEffects),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/sluice.admin.v1.ModelService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case ModelServiceCreateModelGroupProcedure:
@@ -330,6 +417,12 @@ func NewModelServiceHandler(svc ModelServiceHandler, opts ...connect.HandlerOpti
 			modelServiceUpdateDeploymentHandler.ServeHTTP(w, r)
 		case ModelServiceDeleteDeploymentProcedure:
 			modelServiceDeleteDeploymentHandler.ServeHTTP(w, r)
+		case ModelServiceGrantModelGroupProcedure:
+			modelServiceGrantModelGroupHandler.ServeHTTP(w, r)
+		case ModelServiceRevokeModelGroupProcedure:
+			modelServiceRevokeModelGroupHandler.ServeHTTP(w, r)
+		case ModelServiceListModelGroupGrantsProcedure:
+			modelServiceListModelGroupGrantsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -377,4 +470,16 @@ func (UnimplementedModelServiceHandler) UpdateDeployment(context.Context, *conne
 
 func (UnimplementedModelServiceHandler) DeleteDeployment(context.Context, *connect.Request[v1.DeleteDeploymentRequest]) (*connect.Response[v1.DeleteDeploymentResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.ModelService.DeleteDeployment is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) GrantModelGroup(context.Context, *connect.Request[v1.GrantModelGroupRequest]) (*connect.Response[v1.GrantModelGroupResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.ModelService.GrantModelGroup is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) RevokeModelGroup(context.Context, *connect.Request[v1.RevokeModelGroupRequest]) (*connect.Response[v1.RevokeModelGroupResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.ModelService.RevokeModelGroup is not implemented"))
+}
+
+func (UnimplementedModelServiceHandler) ListModelGroupGrants(context.Context, *connect.Request[v1.ListModelGroupGrantsRequest]) (*connect.Response[v1.ListModelGroupGrantsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.ModelService.ListModelGroupGrants is not implemented"))
 }

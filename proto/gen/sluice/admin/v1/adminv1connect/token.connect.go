@@ -42,6 +42,15 @@ const (
 	// AdminTokenServiceRevokeAdminTokenProcedure is the fully-qualified name of the AdminTokenService's
 	// RevokeAdminToken RPC.
 	AdminTokenServiceRevokeAdminTokenProcedure = "/sluice.admin.v1.AdminTokenService/RevokeAdminToken"
+	// AdminTokenServiceDeleteAdminTokenProcedure is the fully-qualified name of the AdminTokenService's
+	// DeleteAdminToken RPC.
+	AdminTokenServiceDeleteAdminTokenProcedure = "/sluice.admin.v1.AdminTokenService/DeleteAdminToken"
+	// AdminTokenServiceRotateAdminTokenProcedure is the fully-qualified name of the AdminTokenService's
+	// RotateAdminToken RPC.
+	AdminTokenServiceRotateAdminTokenProcedure = "/sluice.admin.v1.AdminTokenService/RotateAdminToken"
+	// AdminTokenServiceUpdateAdminTokenExpiryProcedure is the fully-qualified name of the
+	// AdminTokenService's UpdateAdminTokenExpiry RPC.
+	AdminTokenServiceUpdateAdminTokenExpiryProcedure = "/sluice.admin.v1.AdminTokenService/UpdateAdminTokenExpiry"
 	// AdminTokenServiceWhoAmIProcedure is the fully-qualified name of the AdminTokenService's WhoAmI
 	// RPC.
 	AdminTokenServiceWhoAmIProcedure = "/sluice.admin.v1.AdminTokenService/WhoAmI"
@@ -52,6 +61,20 @@ type AdminTokenServiceClient interface {
 	CreateAdminToken(context.Context, *connect.Request[v1.CreateAdminTokenRequest]) (*connect.Response[v1.CreateAdminTokenResponse], error)
 	ListAdminTokens(context.Context, *connect.Request[v1.ListAdminTokensRequest]) (*connect.Response[v1.ListAdminTokensResponse], error)
 	RevokeAdminToken(context.Context, *connect.Request[v1.RevokeAdminTokenRequest]) (*connect.Response[v1.RevokeAdminTokenResponse], error)
+	// DeleteAdminToken removes a token's record (audited, with the record
+	// as it was). The token, and every token it created, is refused from
+	// the next request on (authentication reads the issuer chain from the
+	// database on every request).
+	DeleteAdminToken(context.Context, *connect.Request[v1.DeleteAdminTokenRequest]) (*connect.Response[v1.DeleteAdminTokenResponse], error)
+	// RotateAdminToken replaces a token's secret on the same record (same
+	// id, scope, role and the tokens it created stay valid). With a grace
+	// the previous secret keeps working until the grace ends; without one
+	// it is refused from the next request on. The new secret is shown once.
+	RotateAdminToken(context.Context, *connect.Request[v1.RotateAdminTokenRequest]) (*connect.Response[v1.RotateAdminTokenResponse], error)
+	// UpdateAdminTokenExpiry sets or clears a token's expiry (audited).
+	// It may not outlive the caller's own expiry; an expiry in the past is
+	// refused (revoke or delete the token instead).
+	UpdateAdminTokenExpiry(context.Context, *connect.Request[v1.UpdateAdminTokenExpiryRequest]) (*connect.Response[v1.UpdateAdminTokenExpiryResponse], error)
 	// WhoAmI describes the calling token.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
 }
@@ -86,6 +109,24 @@ func NewAdminTokenServiceClient(httpClient connect.HTTPClient, baseURL string, o
 			connect.WithSchema(adminTokenServiceMethods.ByName("RevokeAdminToken")),
 			connect.WithClientOptions(opts...),
 		),
+		deleteAdminToken: connect.NewClient[v1.DeleteAdminTokenRequest, v1.DeleteAdminTokenResponse](
+			httpClient,
+			baseURL+AdminTokenServiceDeleteAdminTokenProcedure,
+			connect.WithSchema(adminTokenServiceMethods.ByName("DeleteAdminToken")),
+			connect.WithClientOptions(opts...),
+		),
+		rotateAdminToken: connect.NewClient[v1.RotateAdminTokenRequest, v1.RotateAdminTokenResponse](
+			httpClient,
+			baseURL+AdminTokenServiceRotateAdminTokenProcedure,
+			connect.WithSchema(adminTokenServiceMethods.ByName("RotateAdminToken")),
+			connect.WithClientOptions(opts...),
+		),
+		updateAdminTokenExpiry: connect.NewClient[v1.UpdateAdminTokenExpiryRequest, v1.UpdateAdminTokenExpiryResponse](
+			httpClient,
+			baseURL+AdminTokenServiceUpdateAdminTokenExpiryProcedure,
+			connect.WithSchema(adminTokenServiceMethods.ByName("UpdateAdminTokenExpiry")),
+			connect.WithClientOptions(opts...),
+		),
 		whoAmI: connect.NewClient[v1.WhoAmIRequest, v1.WhoAmIResponse](
 			httpClient,
 			baseURL+AdminTokenServiceWhoAmIProcedure,
@@ -98,10 +139,13 @@ func NewAdminTokenServiceClient(httpClient connect.HTTPClient, baseURL string, o
 
 // adminTokenServiceClient implements AdminTokenServiceClient.
 type adminTokenServiceClient struct {
-	createAdminToken *connect.Client[v1.CreateAdminTokenRequest, v1.CreateAdminTokenResponse]
-	listAdminTokens  *connect.Client[v1.ListAdminTokensRequest, v1.ListAdminTokensResponse]
-	revokeAdminToken *connect.Client[v1.RevokeAdminTokenRequest, v1.RevokeAdminTokenResponse]
-	whoAmI           *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
+	createAdminToken       *connect.Client[v1.CreateAdminTokenRequest, v1.CreateAdminTokenResponse]
+	listAdminTokens        *connect.Client[v1.ListAdminTokensRequest, v1.ListAdminTokensResponse]
+	revokeAdminToken       *connect.Client[v1.RevokeAdminTokenRequest, v1.RevokeAdminTokenResponse]
+	deleteAdminToken       *connect.Client[v1.DeleteAdminTokenRequest, v1.DeleteAdminTokenResponse]
+	rotateAdminToken       *connect.Client[v1.RotateAdminTokenRequest, v1.RotateAdminTokenResponse]
+	updateAdminTokenExpiry *connect.Client[v1.UpdateAdminTokenExpiryRequest, v1.UpdateAdminTokenExpiryResponse]
+	whoAmI                 *connect.Client[v1.WhoAmIRequest, v1.WhoAmIResponse]
 }
 
 // CreateAdminToken calls sluice.admin.v1.AdminTokenService.CreateAdminToken.
@@ -119,6 +163,21 @@ func (c *adminTokenServiceClient) RevokeAdminToken(ctx context.Context, req *con
 	return c.revokeAdminToken.CallUnary(ctx, req)
 }
 
+// DeleteAdminToken calls sluice.admin.v1.AdminTokenService.DeleteAdminToken.
+func (c *adminTokenServiceClient) DeleteAdminToken(ctx context.Context, req *connect.Request[v1.DeleteAdminTokenRequest]) (*connect.Response[v1.DeleteAdminTokenResponse], error) {
+	return c.deleteAdminToken.CallUnary(ctx, req)
+}
+
+// RotateAdminToken calls sluice.admin.v1.AdminTokenService.RotateAdminToken.
+func (c *adminTokenServiceClient) RotateAdminToken(ctx context.Context, req *connect.Request[v1.RotateAdminTokenRequest]) (*connect.Response[v1.RotateAdminTokenResponse], error) {
+	return c.rotateAdminToken.CallUnary(ctx, req)
+}
+
+// UpdateAdminTokenExpiry calls sluice.admin.v1.AdminTokenService.UpdateAdminTokenExpiry.
+func (c *adminTokenServiceClient) UpdateAdminTokenExpiry(ctx context.Context, req *connect.Request[v1.UpdateAdminTokenExpiryRequest]) (*connect.Response[v1.UpdateAdminTokenExpiryResponse], error) {
+	return c.updateAdminTokenExpiry.CallUnary(ctx, req)
+}
+
 // WhoAmI calls sluice.admin.v1.AdminTokenService.WhoAmI.
 func (c *adminTokenServiceClient) WhoAmI(ctx context.Context, req *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error) {
 	return c.whoAmI.CallUnary(ctx, req)
@@ -129,6 +188,20 @@ type AdminTokenServiceHandler interface {
 	CreateAdminToken(context.Context, *connect.Request[v1.CreateAdminTokenRequest]) (*connect.Response[v1.CreateAdminTokenResponse], error)
 	ListAdminTokens(context.Context, *connect.Request[v1.ListAdminTokensRequest]) (*connect.Response[v1.ListAdminTokensResponse], error)
 	RevokeAdminToken(context.Context, *connect.Request[v1.RevokeAdminTokenRequest]) (*connect.Response[v1.RevokeAdminTokenResponse], error)
+	// DeleteAdminToken removes a token's record (audited, with the record
+	// as it was). The token, and every token it created, is refused from
+	// the next request on (authentication reads the issuer chain from the
+	// database on every request).
+	DeleteAdminToken(context.Context, *connect.Request[v1.DeleteAdminTokenRequest]) (*connect.Response[v1.DeleteAdminTokenResponse], error)
+	// RotateAdminToken replaces a token's secret on the same record (same
+	// id, scope, role and the tokens it created stay valid). With a grace
+	// the previous secret keeps working until the grace ends; without one
+	// it is refused from the next request on. The new secret is shown once.
+	RotateAdminToken(context.Context, *connect.Request[v1.RotateAdminTokenRequest]) (*connect.Response[v1.RotateAdminTokenResponse], error)
+	// UpdateAdminTokenExpiry sets or clears a token's expiry (audited).
+	// It may not outlive the caller's own expiry; an expiry in the past is
+	// refused (revoke or delete the token instead).
+	UpdateAdminTokenExpiry(context.Context, *connect.Request[v1.UpdateAdminTokenExpiryRequest]) (*connect.Response[v1.UpdateAdminTokenExpiryResponse], error)
 	// WhoAmI describes the calling token.
 	WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error)
 }
@@ -159,6 +232,24 @@ func NewAdminTokenServiceHandler(svc AdminTokenServiceHandler, opts ...connect.H
 		connect.WithSchema(adminTokenServiceMethods.ByName("RevokeAdminToken")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminTokenServiceDeleteAdminTokenHandler := connect.NewUnaryHandler(
+		AdminTokenServiceDeleteAdminTokenProcedure,
+		svc.DeleteAdminToken,
+		connect.WithSchema(adminTokenServiceMethods.ByName("DeleteAdminToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminTokenServiceRotateAdminTokenHandler := connect.NewUnaryHandler(
+		AdminTokenServiceRotateAdminTokenProcedure,
+		svc.RotateAdminToken,
+		connect.WithSchema(adminTokenServiceMethods.ByName("RotateAdminToken")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminTokenServiceUpdateAdminTokenExpiryHandler := connect.NewUnaryHandler(
+		AdminTokenServiceUpdateAdminTokenExpiryProcedure,
+		svc.UpdateAdminTokenExpiry,
+		connect.WithSchema(adminTokenServiceMethods.ByName("UpdateAdminTokenExpiry")),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminTokenServiceWhoAmIHandler := connect.NewUnaryHandler(
 		AdminTokenServiceWhoAmIProcedure,
 		svc.WhoAmI,
@@ -174,6 +265,12 @@ func NewAdminTokenServiceHandler(svc AdminTokenServiceHandler, opts ...connect.H
 			adminTokenServiceListAdminTokensHandler.ServeHTTP(w, r)
 		case AdminTokenServiceRevokeAdminTokenProcedure:
 			adminTokenServiceRevokeAdminTokenHandler.ServeHTTP(w, r)
+		case AdminTokenServiceDeleteAdminTokenProcedure:
+			adminTokenServiceDeleteAdminTokenHandler.ServeHTTP(w, r)
+		case AdminTokenServiceRotateAdminTokenProcedure:
+			adminTokenServiceRotateAdminTokenHandler.ServeHTTP(w, r)
+		case AdminTokenServiceUpdateAdminTokenExpiryProcedure:
+			adminTokenServiceUpdateAdminTokenExpiryHandler.ServeHTTP(w, r)
 		case AdminTokenServiceWhoAmIProcedure:
 			adminTokenServiceWhoAmIHandler.ServeHTTP(w, r)
 		default:
@@ -195,6 +292,18 @@ func (UnimplementedAdminTokenServiceHandler) ListAdminTokens(context.Context, *c
 
 func (UnimplementedAdminTokenServiceHandler) RevokeAdminToken(context.Context, *connect.Request[v1.RevokeAdminTokenRequest]) (*connect.Response[v1.RevokeAdminTokenResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AdminTokenService.RevokeAdminToken is not implemented"))
+}
+
+func (UnimplementedAdminTokenServiceHandler) DeleteAdminToken(context.Context, *connect.Request[v1.DeleteAdminTokenRequest]) (*connect.Response[v1.DeleteAdminTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AdminTokenService.DeleteAdminToken is not implemented"))
+}
+
+func (UnimplementedAdminTokenServiceHandler) RotateAdminToken(context.Context, *connect.Request[v1.RotateAdminTokenRequest]) (*connect.Response[v1.RotateAdminTokenResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AdminTokenService.RotateAdminToken is not implemented"))
+}
+
+func (UnimplementedAdminTokenServiceHandler) UpdateAdminTokenExpiry(context.Context, *connect.Request[v1.UpdateAdminTokenExpiryRequest]) (*connect.Response[v1.UpdateAdminTokenExpiryResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AdminTokenService.UpdateAdminTokenExpiry is not implemented"))
 }
 
 func (UnimplementedAdminTokenServiceHandler) WhoAmI(context.Context, *connect.Request[v1.WhoAmIRequest]) (*connect.Response[v1.WhoAmIResponse], error) {

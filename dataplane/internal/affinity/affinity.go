@@ -1,0 +1,230 @@
+// Package affinity keeps a session on the deployment that served its
+// previous turn (SPEC §7.2, docs/routing.md "Affinity"): the session id
+// a request carries in its headers (SessionID), and the pins (org, model
+// group, session) → deployment in Redis with a TTL refreshed on use
+// (Store). The routing decision itself is the caller's: a pin is only a
+// preference applied after every filter, and a pinned deployment that is
+// filtered out, ejected or full is skipped for one request while the pin
+// is kept for the session's return.
+//
+// A lookup is one pipelined call that also reads the fleet-wide in-flight
+// count of the candidate deployments (their max_concurrency leases), so
+// the load of bounded-load prefix routing is correct across proxies. The
+// gateway runs it concurrently with the admission (limits) call: a
+// request with a session or a long prefix adds no sequential round trip
+// before forwarding, and a request with neither sends no command at all.
+package affinity
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
+)
+
+// Defaults.
+const (
+	// DefaultSessionTTL is how long a pin lives after its last use.
+	DefaultSessionTTL = time.Hour
+	// DefaultCallTimeout bounds one affinity call.
+	DefaultCallTimeout = 100 * time.Millisecond
+	// MaxSessionLen bounds a session id taken from a trace header (the
+	// attribution headers are bounded by the gateway).
+	MaxSessionLen = 256
+)
+
+// Session id sources, in precedence order (SessionID).
+const (
+	SourceSession     = "x-session-id"
+	SourceNamed       = "x-name-session-id"
+	SourceTraceparent = "traceparent"
+	SourceTraceID     = "x-trace-id"
+)
+
+// SessionID returns the session id of a request's headers and where it was
+// found, in this precedence:
+//
+//  1. x-session-id;
+//  2. any x-<name>-session-id (x-claude-code-session-id, x-codex-session-id,
+//     x-litellm-session-id, ...): the first by header name when several
+//     are sent, so the choice is deterministic;
+//  3. the trace id of a W3C traceparent (version-traceid-parentid-flags);
+//  4. x-trace-id.
+//
+// A trace id is only a session id when nothing names one: an agent loop
+// usually keeps one trace over its turns. Empty: the request has none.
+func SessionID(h http.Header) (id, source string) {
+	if v := h.Get("X-Session-Id"); v != "" {
+		return v, SourceSession
+	}
+	var names []string
+	const suffix = "-session-id"
+	for name := range h {
+		if len(name) > len("x-"+suffix) && strings.EqualFold(name[:2], "x-") && strings.EqualFold(name[len(name)-len(suffix):], suffix) && h.Get(name) != "" {
+			names = append(names, name)
+		}
+	}
+	if len(names) > 0 {
+		slices.Sort(names)
+		return h.Get(names[0]), SourceNamed
+	}
+	if tid, ok := traceparentID(h.Get("Traceparent")); ok {
+		return tid, SourceTraceparent
+	}
+	if v := h.Get("X-Trace-Id"); v != "" && len(v) <= MaxSessionLen {
+		return v, SourceTraceID
+	}
+	return "", ""
+}
+
+// traceparentID returns the trace id of a W3C traceparent header
+// ("00-<32 hex>-<16 hex>-<2 hex>"); the all-zero id is invalid.
+func traceparentID(v string) (string, bool) {
+	parts := strings.Split(v, "-")
+	if len(parts) < 4 || len(parts[0]) != 2 || len(parts[1]) != 32 {
+		return "", false
+	}
+	tid := strings.ToLower(parts[1])
+	if _, err := hex.DecodeString(tid); err != nil || tid == strings.Repeat("0", 32) {
+		return "", false
+	}
+	return tid, true
+}
+
+// Config configures a Store.
+type Config struct {
+	// Conn is the data plane's Redis (redisconn.Open), shared with the
+	// limits store.
+	Conn *redisconn.Conn
+	// KeyPrefix is prepended to every key (the limits store's prefix); it
+	// must not contain '{' or '}'.
+	KeyPrefix string
+	// CallTimeout bounds one call (0: DefaultCallTimeout).
+	CallTimeout time.Duration
+}
+
+// Store keeps session pins in Redis. It is safe for concurrent use.
+type Store struct {
+	cfg Config
+}
+
+// New validates cfg and returns a Store.
+func New(cfg Config) (*Store, error) {
+	if cfg.Conn == nil || (cfg.Conn.Pipe == nil) == (cfg.Conn.Cluster == nil) {
+		return nil, errors.New("affinity: a Redis connection is required")
+	}
+	if strings.ContainsAny(cfg.KeyPrefix, "{}") {
+		return nil, fmt.Errorf("affinity: KeyPrefix %q must not contain '{' or '}'", cfg.KeyPrefix)
+	}
+	switch {
+	case cfg.CallTimeout == 0:
+		cfg.CallTimeout = DefaultCallTimeout
+	case cfg.CallTimeout < 0:
+		return nil, fmt.Errorf("affinity: CallTimeout must be positive (got %v)", cfg.CallTimeout)
+	}
+	return &Store{cfg: cfg}, nil
+}
+
+// PinKey is the Redis key of the pin of (org, group, session):
+// <prefix>{o:<org>}:aff:<sha-256 of group NUL session, 32 hex>. The hash
+// bounds the key's length whatever the session id, and the org's hash
+// tag keeps an org's keys on one Cluster slot, like its limits.
+func (s *Store) PinKey(org, group, session string) string {
+	sum := sha256.Sum256([]byte(group + "\x00" + session))
+	return s.cfg.KeyPrefix + "{o:" + org + "}:aff:" + hex.EncodeToString(sum[:16])
+}
+
+// Lookup is the answer of one lookup.
+type Lookup struct {
+	// Pinned is the deployment the session is pinned to ("": none, or no
+	// session was asked).
+	Pinned string
+	// Loads are the fleet-wide live lease counts of the load keys asked,
+	// in order (-1: unknown).
+	Loads []int64
+}
+
+// Lookup reads the pin of pinKey (skipped when empty) and counts the live
+// leases (score above now, in ms) of each of loadKeys, in one pipelined
+// call.
+func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, now time.Time) (Lookup, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	out := Lookup{Loads: make([]int64, len(loadKeys))}
+	for i := range out.Loads {
+		out.Loads[i] = -1
+	}
+	nowMS := "(" + strconv.FormatInt(now.UnixMilli(), 10)
+	if c := s.cfg.Conn.Cluster; c != nil {
+		pipe := c.Pipeline()
+		var pin *redis.StringCmd
+		if pinKey != "" {
+			pin = pipe.Get(ctx, pinKey)
+		}
+		counts := make([]*redis.IntCmd, len(loadKeys))
+		for i, k := range loadKeys {
+			counts[i] = pipe.ZCount(ctx, k, nowMS, "+inf")
+		}
+		_, _ = pipe.Exec(ctx)
+		var errs []error
+		if pin != nil {
+			switch v, err := pin.Result(); {
+			case err == nil:
+				out.Pinned = v
+			case !errors.Is(err, redis.Nil):
+				errs = append(errs, err)
+			}
+		}
+		for i, c := range counts {
+			if n, err := c.Result(); err == nil {
+				out.Loads[i] = n
+			} else {
+				errs = append(errs, err)
+			}
+		}
+		return out, errors.Join(errs...)
+	}
+	cmds := make([]redispipe.Cmd, 0, 1+len(loadKeys))
+	if pinKey != "" {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"GET", pinKey}})
+	}
+	for _, k := range loadKeys {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", k, nowMS, "+inf"}})
+	}
+	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
+	if pinKey != "" {
+		if errs[0] == nil && vals[0].Kind == '$' {
+			out.Pinned = vals[0].Str
+		}
+		vals, errs = vals[1:], errs[1:]
+	}
+	for i := range vals {
+		if errs[i] == nil && vals[i].Kind == ':' {
+			out.Loads[i] = vals[i].Int
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// Pin sets (or refreshes) the pin of pinKey to deployment for ttl.
+func (s *Store) Pin(ctx context.Context, pinKey, deployment string, ttl time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	ms := max(ttl.Milliseconds(), 1)
+	if c := s.cfg.Conn.Cluster; c != nil {
+		return c.Set(ctx, pinKey, deployment, time.Duration(ms)*time.Millisecond).Err()
+	}
+	_, err := s.cfg.Conn.Pipe.Do(ctx, "SET", pinKey, deployment, "PX", ms)
+	return err
+}

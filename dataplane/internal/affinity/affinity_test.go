@@ -1,0 +1,90 @@
+package affinity
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
+)
+
+func TestSessionID(t *testing.T) {
+	h := func(kv ...string) http.Header {
+		out := http.Header{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			out.Set(kv[i], kv[i+1])
+		}
+		return out
+	}
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	for _, c := range []struct {
+		hd       http.Header
+		id, from string
+	}{
+		{h("X-Session-Id", "a", "X-Litellm-Session-Id", "b", "Traceparent", tp), "a", SourceSession},
+		{h("X-Litellm-Session-Id", "b", "X-Claude-Code-Session-Id", "c", "Traceparent", tp), "c", SourceNamed},
+		{h("X-Litellm-Session-Id", "b"), "b", SourceNamed},
+		{h("Traceparent", tp, "X-Trace-Id", "t"), "4bf92f3577b34da6a3ce929d0e0e4736", SourceTraceparent},
+		{h("Traceparent", "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "X-Trace-Id", "t"), "t", SourceTraceID},
+		{h("Traceparent", "garbage"), "", ""},
+		{h("X-Session-Id", ""), "", ""},
+		{h(), "", ""},
+	} {
+		id, from := SessionID(c.hd)
+		require.Equal(t, c.id, id, "%v", c.hd)
+		require.Equal(t, c.from, from, "%v", c.hd)
+	}
+}
+
+func TestStore(t *testing.T) {
+	const addr = "127.0.0.1:6379"
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", addr)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "aff" + hex.EncodeToString(b[:]) + ":"
+	conn, err := redisconn.Open("redis://"+addr+"/0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	_, err = New(Config{Conn: conn, KeyPrefix: "a{b"})
+	require.Error(t, err)
+	s, err := New(Config{Conn: conn, KeyPrefix: prefix})
+	require.NoError(t, err)
+	ctx := context.Background()
+	key := s.PinKey("o1", "g", "s1")
+	require.NotEqual(t, key, s.PinKey("o1", "g2", "s1"))
+	require.NotEqual(t, key, s.PinKey("o2", "g", "s1"))
+	t.Cleanup(func() {
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	now := time.Now()
+	lk := prefix + "loads"
+	rdb.ZAdd(ctx, lk, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "live1"},
+		redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "live2"},
+		redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "expired"})
+	got, err := s.Lookup(ctx, key, []string{lk, prefix + "none"}, now)
+	require.NoError(t, err)
+	require.Equal(t, Lookup{Pinned: "", Loads: []int64{2, 0}}, got)
+	require.NoError(t, s.Pin(ctx, key, "d1", time.Hour))
+	got, err = s.Lookup(ctx, key, nil, now)
+	require.NoError(t, err)
+	require.Equal(t, "d1", got.Pinned)
+	ttl, err := rdb.PTTL(ctx, key).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 59*time.Minute, strconv.FormatInt(int64(ttl), 10))
+	// No session: loads only.
+	got, err = s.Lookup(ctx, "", []string{lk}, now)
+	require.NoError(t, err)
+	require.Equal(t, Lookup{Loads: []int64{2}}, got)
+}

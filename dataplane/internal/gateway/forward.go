@@ -1,0 +1,214 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/sluicegw/sluice/dataplane/internal/forward"
+	"github.com/sluicegw/sluice/dataplane/internal/openai"
+)
+
+// forward tries the candidates in order: one attempt per deployment (a
+// retry never goes to a deployment already tried), at most 1+retries
+// attempts, within ctx's total deadline, each retry taken from the model
+// group's retry budget (over budget: the last attempt's error). clientCtx
+// is the client's own context (to tell a disconnect from the deadline).
+// The attempts made are in the x-sluice-attempts header and the usage
+// event.
+//
+// The candidates may span the model group's fallback groups
+// (fallback.go): they share the attempt budget and the deadline; the
+// group whose deployment answered is in the x-sluice-model-group header.
+// A failure is answered with the fallback groups skipped named.
+func (x *exchange) forward(ctx, clientCtx context.Context, w http.ResponseWriter, cands []candidate) *openai.Error {
+	return x.withSkipped(x.attemptAll(ctx, clientCtx, w, cands))
+}
+
+func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWriter, cands []candidate) *openai.Error {
+	h := x.h
+	h.budget.Request(x.group, time.Now())
+	var last *openai.Error
+	next := 0
+	var wait time.Duration // shortest retry-after of a deployment at its cap
+	recovering := false    // a deployment's lease count is in quarantine
+	maxAttempts := x.maxAttempts()
+	for x.attempts < maxAttempts {
+		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
+			h.m.retryRefusals.WithLabelValues(x.group).Inc()
+			return pushback(last)
+		}
+		var c *candidate
+		// A first attempt queues behind waiting requests of its class or a
+		// higher one instead of taking a slot before them (traffic.go).
+		if x.attempts > 0 || !h.queues.Ahead(x.group, x.classEnum) {
+			var e *openai.Error
+			if c, e = x.pick(ctx, cands, &next, &wait, &recovering); e != nil {
+				return e
+			}
+		}
+		if c == nil && last == nil && !recovering && x.attempts == 0 {
+			var e *openai.Error
+			if c, e = x.queue(ctx, cands, wait); e != nil {
+				return e
+			}
+		}
+		if c == nil {
+			if last != nil {
+				if h.budget.Spent(x.group, time.Now()) {
+					return pushback(last)
+				}
+				return last
+			}
+			if recovering {
+				return openai.Unavailable(openai.CodeLimitsRecovering, "the limits store restarted moments ago; deployment concurrency is re-counted, retry shortly", max(wait, 100*time.Millisecond))
+			}
+			x.shed = x.attempts == 0
+			return openai.Unavailable(openai.CodeOverloaded, fmt.Sprintf("every deployment of model %q is at its concurrency limit", x.group), max(wait, time.Second))
+		}
+		if x.attempts > 0 {
+			h.series.group(x.group).retries.Inc()
+		}
+		x.attempts++
+		w.Header().Set(openai.HeaderAttempts, strconv.Itoa(x.attempts))
+		w.Header().Set(openai.HeaderModelGroup, c.d.GetModelGroup())
+		x.dep = c.d
+		x.progressAttempt()
+		out := x.attemptHeld(ctx, clientCtx, w, c)
+		if out.Err == nil {
+			return nil
+		}
+		if !out.Retry {
+			return out.Err
+		}
+		last = out.Err
+	}
+	if last != nil && h.budget.Spent(x.group, time.Now()) {
+		return pushback(last) // every attempt failed and the pool's retry budget is spent too
+	}
+	return last
+}
+
+// pick takes a slot on the first candidate from *next on that has one
+// (the per-instance count, then the fleet-wide lease with the class
+// scopes); nil when none has. wait and recovering collect the shortest
+// retry-after of those at their caps and whether a lease count is in
+// quarantine.
+func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait *time.Duration, recovering *bool) (*candidate, *openai.Error) {
+	for ; *next < len(cands); *next++ {
+		cand := &cands[*next]
+		if !cand.st.Slots.TryAcquire(cand.d.GetMaxConcurrency()) {
+			continue
+		}
+		// The fleet-wide max_concurrency lease (Redis), after the
+		// per-instance one.
+		dl, rej, e := x.admitDeployment(ctx, cand.d)
+		switch {
+		case e != nil:
+			cand.st.Slots.Release()
+			return nil, e
+		case rej != nil:
+			cand.st.Slots.Release()
+			if *wait == 0 || rej.RetryAfter < *wait {
+				*wait = rej.RetryAfter
+			}
+			*recovering = *recovering || rej.Quarantined
+			continue
+		}
+		if dl != nil {
+			x.leases.setDep(dl)
+			x.startRenewal()
+		}
+		x.chargeServed()
+		*next++
+		return cand, nil
+	}
+	return nil, nil
+}
+
+// pushback is the answer of a request whose retry the model group's
+// retry budget refused: its last error, with x-should-retry: false (the
+// pool is browning out: a client retry now adds the load the budget just
+// kept away; gRPC's retry pushback) and the retry-after of that error, so
+// stock SDKs do not multiply the attempts while a client that comes back
+// later knows when.
+func pushback(e *openai.Error) *openai.Error {
+	if e == nil {
+		return nil
+	}
+	out := *e
+	out.NoRetry, out.Retry = true, false
+	return &out
+}
+
+// maxAttempts is the request's attempt budget: the model group's
+// max_attempts, else 1 + the proxy's --max-retries.
+func (x *exchange) maxAttempts() int {
+	if n := x.cat.ModelGroup(x.group).GetResilience().GetMaxAttempts(); n > 0 {
+		return int(n)
+	}
+	return 1 + x.h.retries
+}
+
+// policy is the resilience settings of the model group's attempts (its
+// admin resilience settings; zero fields: the proxy's flags).
+func (x *exchange) policy(group string) forward.Policy {
+	r := x.cat.ModelGroup(group).GetResilience()
+	return forward.Policy{TTFTTimeout: time.Duration(r.GetTtftTimeoutMs()) * time.Millisecond,
+		EjectBase: time.Duration(r.GetEjectionBaseMs()) * time.Millisecond, EjectMax: time.Duration(r.GetEjectionMaxMs()) * time.Millisecond}
+}
+
+// attemptHeld runs one attempt on c and releases what the attempt holds
+// (the per-instance slot, the in-flight gauge, the deployment lease) on
+// every exit, panics included.
+func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWriter, c *candidate) forward.Outcome {
+	g := x.h.series.upstreamInFlight(c.d.GetId())
+	g.Inc()
+	x.h.queues.Started(x.classEnum)
+	defer func() {
+		g.Dec()
+		x.h.queues.Ended(x.classEnum)
+		c.st.Slots.Release()
+		x.releaseDeploymentLease()
+		x.h.queues.Notify(x.group) // a slot of this proxy's is free
+	}()
+	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, x.policy(c.d.GetModelGroup()))
+}
+
+func (x *exchange) setUsage(u *openai.Usage) {
+	x.usageSeen = true
+	x.prompt, x.completion = u.PromptTokens, u.CompletionTokens
+	if u.PromptTokensDetails != nil {
+		x.cached = u.PromptTokensDetails.CachedTokens
+	}
+	x.cacheCreation = u.CacheCreationTokens
+	x.progressUsage()
+}
+
+// The exchange as forward.Exchange: what an attempt reports.
+
+func (x *exchange) RequestID() string                 { return x.id }
+func (x *exchange) Route() string                     { return x.route }
+func (x *exchange) Request() *openai.Request          { return x.req }
+func (x *exchange) UpstreamAnswered(b bool)           { x.upstreamAnswered = b }
+func (x *exchange) Relaying(streamed bool)            { x.progressAnswer(streamed) }
+func (x *exchange) Usage(u *openai.Usage)             { x.setUsage(u) }
+func (x *exchange) SetStatus(status int)              { x.status = status }
+func (x *exchange) SetErrorCode(code string)          { x.errCode = code }
+func (x *exchange) SetResult(status int, code string) { x.status, x.errCode = status, code }
+
+// FirstByte records the stream's time to first token (once).
+func (x *exchange) FirstByte() {
+	if x.ttft == 0 {
+		x.ttft = time.Since(x.start)
+		x.progressFirstByte()
+	}
+}
+
+// ContentChunk counts a relayed chunk carrying text.
+func (x *exchange) ContentChunk() {
+	x.contentChunks++
+	x.progressChunk()
+}

@@ -1,0 +1,712 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
+	"github.com/sluicegw/sluice/dataplane/internal/openai"
+	"github.com/sluicegw/sluice/internal/budget"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
+)
+
+// Limits (SPEC §8, issue 5; docs/limits.md). Every limit field of every
+// level a request touches becomes a limits.Scope; one Admit call checks
+// and consumes all of them before forwarding; one Settle (off the request
+// path, exactly once) reconciles them with the real usage on every exit
+// path. A deployment's max_concurrency is a fleet-wide lease taken per
+// upstream attempt (a second call, only for deployments that set it).
+
+// DefaultMaxOutputTokens bounds the output of a request that sets no
+// max_tokens on a deployment that declares no max_output_tokens, for the
+// token estimate and the cost reservation.
+const DefaultMaxOutputTokens = 4096
+
+// AlertSink receives budget alerts (published on NATS by the data plane).
+// Alert must not block for long.
+type AlertSink interface {
+	Alert(a *usagev1.BudgetAlert)
+}
+
+// errLeaseLost cancels a request whose leases could not be renewed for a
+// whole lease TTL: its slots may have been given away, so it must stop.
+var errLeaseLost = errors.New("concurrency leases could not be renewed (limits unavailable)")
+
+// limitScopes builds the scopes of a request: every level of the principal
+// that carries a limit, the key's and team's per-model limits for group,
+// and the end customer's limits. Scopes without any limit are left out.
+func limitScopes(p *catalog.Principal, cu *configv1.Customer, group string, fallbackDefault bool) []limits.Scope {
+	var out []limits.Scope
+	var local bool // the rate_limit_fallback of the level being added
+	add := func(kind, id string, rpm, tpm, par int64, capUSD, softUSD float64, window string) {
+		s := limits.Scope{Kind: kind, ID: id, RPM: rpm, TPM: tpm, MaxParallel: par, LocalFallback: local}
+		if (capUSD > 0 || softUSD > 0) && window != "" {
+			s.Budget = &limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window}
+		}
+		if s.RPM > 0 || s.TPM > 0 || s.MaxParallel > 0 || s.Budget != nil {
+			out = append(out, s)
+		}
+	}
+	fallback := func(l *configv1.Limits) bool {
+		switch l.GetRateLimitFallback() {
+		case "local":
+			return true
+		case "closed":
+			return false
+		}
+		return fallbackDefault
+	}
+	level := func(kind, id string, l *configv1.Limits, capUSD float64) {
+		if l == nil && capUSD == 0 {
+			return
+		}
+		local = fallback(l)
+		if l.MaxBudget != nil {
+			capUSD = l.GetMaxBudget()
+		}
+		add(kind, id, l.GetRpmLimit(), l.GetTpmLimit(), l.GetMaxParallelRequests(), capUSD, l.GetSoftBudget(), l.GetBudgetDuration())
+	}
+	perModel := func(kind, owner string, l *configv1.Limits) {
+		if l == nil || group == "" {
+			return
+		}
+		local = fallback(l)
+		add(kind, budget.ModelID(owner, group), l.GetModelRpmLimit()[group], l.GetModelTpmLimit()[group], 0,
+			l.GetModelMaxBudget()[group], 0, l.GetBudgetDuration())
+	}
+	k := p.Key
+	level(limits.KindKey, k.GetId(), k.GetLimits(), 0)
+	perModel(limits.KindKeyModel, k.GetId(), k.GetLimits())
+	if p.User != nil {
+		level(limits.KindUser, p.User.GetId(), p.User.GetLimits(), 0)
+	}
+	if m := p.Member; m != nil {
+		level(limits.KindMember, budget.MemberID(m.GetTeamId(), m.GetUserId()), m.GetLimits(), m.GetMaxBudgetInTeam())
+	}
+	if p.Team != nil {
+		level(limits.KindTeam, p.Team.GetId(), p.Team.GetLimits(), 0)
+		perModel(limits.KindTeamModel, p.Team.GetId(), p.Team.GetLimits())
+	}
+	level(limits.KindOrg, p.Org.GetId(), p.Org.GetLimits(), 0)
+	if cu != nil {
+		level(limits.KindCustomer, cu.GetId(), cu.GetLimits(), 0)
+	}
+	return out
+}
+
+// estimate returns the admission token estimate and the maximum cost
+// (micro-USD) of the request over its candidate deployments (docs/limits.md,
+// "Estimator"): prompt ≈ ⌈4/3 × promptEstimate⌉ + 16 (promptEstimate counts
+// about 4 bytes per token, so this assumes 3), output = choices (prompts ×
+// max(n, best_of)) × the output cap: max_tokens, else the largest
+// max_output_tokens of the candidates, else DefaultMaxOutputTokens (any
+// candidate without one); embeddings have no output. Prices are the highest
+// of the candidates. An estimate above MaxEstimateTokens or a maximum cost
+// above MaxReservationMicros is refused (400 estimate_too_large): the
+// arithmetic is checked, never wrapped.
+func (x *exchange) estimate(cands []candidate) (tokens, maxCostMicros int64, e *openai.Error) {
+	r := x.req
+	prompt := (r.PromptEstimate()*4+2)/3 + 16 // promptEstimate ≤ the body's size: no overflow
+	var inPrice, outPrice float64
+	var capOut int64
+	unbounded := false
+	for _, c := range cands {
+		pr := c.d.GetPrices()
+		inPrice = max(inPrice, pr.GetInputPerToken())
+		outPrice = max(outPrice, pr.GetOutputPerToken())
+		if m := c.d.GetCapabilities().GetMaxOutputTokens(); m > 0 {
+			capOut = max(capOut, m)
+		} else {
+			unbounded = true
+		}
+	}
+	per := capOut
+	switch {
+	case x.route == RouteEmbeddings:
+		per = 0
+	case r.MaxTokens() > 0:
+		per = r.MaxTokens()
+	case unbounded:
+		per = max(per, x.h.defaultMaxOut)
+	}
+	// The parameter a client changes to shrink the output.
+	outParam := r.ChoicesParam()
+	if outParam == "" {
+		outParam = r.MaxTokensParam()
+		if outParam == "" {
+			outParam = "max_tokens"
+		}
+	}
+	choices := r.OutputChoices()
+	out, ok := openai.MulBounded(choices, per, openai.MaxEstimateTokens)
+	if !ok {
+		return 0, 0, openai.EstimateTooLarge(outParam,
+			"%d sequences of up to %d output tokens each exceed the %d tokens Sluice accounts for one request; lower %s",
+			choices, per, openai.MaxEstimateTokens, outParam)
+	}
+	if tokens = prompt + out; tokens > openai.MaxEstimateTokens {
+		return 0, 0, openai.EstimateTooLarge(openai.PromptParam(x.route),
+			"the request's token estimate exceeds the %d tokens Sluice accounts for one request", openai.MaxEstimateTokens)
+	}
+	costUSD := float64(prompt)*inPrice + float64(out)*outPrice
+	if !(costUSD*1e6 <= float64(openai.MaxReservationMicros)) { // NaN too
+		param := outParam
+		if out == 0 || float64(prompt)*inPrice > float64(out)*outPrice {
+			param = openai.PromptParam(x.route)
+		}
+		return 0, 0, openai.EstimateTooLarge(param,
+			"the request's maximum cost at this model's prices exceeds the $%d Sluice reserves for one request; lower %s",
+			openai.MaxReservationMicros/1_000_000, param)
+	}
+	return tokens, budget.Micros(costUSD), nil
+}
+
+// admit runs the one admission call for the request's scopes. A nil error
+// admits (possibly with no limits at all); rate headers are set on w either
+// way.
+func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []candidate) *openai.Error {
+	h := x.h
+	scopes := limitScopes(x.p, x.cust, x.group, h.cfg.RateFallbackDefault)
+	if len(scopes) == 0 {
+		return nil
+	}
+	est, maxCost, e := x.estimate(cands)
+	if e != nil {
+		return e
+	}
+	req := limits.Request{OrgID: x.p.Key.GetOrgId(), RequestID: x.id, Scopes: scopes, EstTokens: est, MaxCostMicros: maxCost}
+	x.estTokens = est
+	if h.cfg.Limiter == nil {
+		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
+		return limitsUnavailable("this proxy runs without its limits store, and this key carries limits")
+	}
+	for _, s := range scopes {
+		if s.Budget != nil || s.TPM > 0 || s.MaxParallel > 0 {
+			// Something to settle: admitted sweepable (lease.go).
+			x.lostPrices = highestPrices(cands)
+			rep := x.report(time.Now())
+			req.Report = &rep
+			break
+		}
+	}
+	d, err := h.cfg.Limiter.Admit(ctx, req)
+	if err != nil {
+		if !errors.Is(err, limits.ErrUnavailable) {
+			h.log.Error("limits admission failed", "request_id", x.id, "error", err)
+			return &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServiceUnavailable, Code: openai.CodeInternal,
+				Message: "the request's limits could not be evaluated (request id " + x.id + ")"}
+		}
+		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
+		h.cancelAdmission(d.Lease, err)
+		if h.cfg.RateFallback == nil || !localFallbackAllowed(scopes) {
+			return limitsUnavailable("the limits store did not answer in time; requests with limits are refused until it does")
+		}
+		d, err = h.cfg.RateFallback.Admit(req)
+		switch {
+		case errors.Is(err, limits.ErrNoFallback):
+			h.m.limitsFallback.WithLabelValues("refused").Inc()
+			return limitsUnavailable("the limits store did not answer in time; budget and concurrency limits never fall back, so this request is refused")
+		case err != nil:
+			return limitsUnavailable("the limits store did not answer in time")
+		}
+		if d.Allowed {
+			h.m.limitsFallback.WithLabelValues("admitted").Inc()
+			x.localReq = &req
+		} else {
+			h.m.limitsFallback.WithLabelValues("rejected").Inc()
+		}
+	}
+	setRateHeaders(w.Header(), d.Headers)
+	if !d.Allowed {
+		return x.rejection(w, d.Rejection)
+	}
+	if d.Lease != nil && d.Lease.Needs() {
+		x.lease = d.Lease
+	}
+	return nil
+}
+
+// localFallbackAllowed reports whether every rpm/tpm-limited scope allows
+// the local fallback (rate_limit_fallback, else the data plane's default).
+func localFallbackAllowed(scopes []limits.Scope) bool {
+	for _, s := range scopes {
+		if (s.RPM > 0 || s.TPM > 0) && !s.LocalFallback {
+			return false
+		}
+	}
+	return true
+}
+
+func limitsUnavailable(msg string) *openai.Error {
+	return openai.Unavailable(openai.CodeLimitsUnavailable, msg, time.Second)
+}
+
+// rejection maps a limits rejection to its answer.
+func (x *exchange) rejection(w http.ResponseWriter, r *limits.Rejection) *openai.Error {
+	h := x.h
+	if r.Unseeded {
+		return x.unseeded(w, r)
+	}
+	h.m.limitRejections.WithLabelValues(r.Scope.Kind, string(r.Limit)).Inc()
+	hd := w.Header()
+	hd.Set(openai.HeaderLimitScope, r.Scope.String())
+	hd.Set(openai.HeaderLimitType, string(r.Limit))
+	scope := r.Scope.Kind + " " + r.Scope.ID
+	e := &openai.Error{Status: http.StatusTooManyRequests, Type: openai.TypeRateLimit, RetryAfter: max(r.RetryAfter, time.Millisecond)}
+	switch r.Limit {
+	case limits.LimitRPM:
+		e.Code = openai.CodeRateLimitExceeded
+		e.Message = fmt.Sprintf("rate limit exceeded: requests per minute (rpm) of %s", scope)
+	case limits.LimitTPM:
+		e.Code = openai.CodeTokenRateLimitExceeded
+		e.Message = fmt.Sprintf("rate limit exceeded: tokens per minute (tpm) of %s (this request is estimated at %d tokens)", scope, x.estTokens)
+		if r.Never {
+			e.NoRetry = true
+			e.Message = fmt.Sprintf("this request is estimated at %d tokens, more than the tokens per minute (tpm) limit of %s allows; lower max_tokens, n or the prompt", x.estTokens, scope)
+		}
+	case limits.LimitParallel:
+		e.Code = openai.CodeConcurrencyLimitExceeded
+		e.Message = fmt.Sprintf("concurrency limit exceeded: max_parallel_requests of %s are in flight", scope)
+		if r.Quarantined {
+			e.Status, e.Type, e.Code = http.StatusServiceUnavailable, openai.TypeServiceUnavailable, openai.CodeLimitsRecovering
+			e.Message = fmt.Sprintf("the limits store restarted moments ago; concurrency of %s is re-counted, retry shortly", scope)
+		}
+	case limits.LimitBudget:
+		e.Type, e.Code, e.NoRetry = openai.TypeBudgetExceeded, openai.CodeBudgetExceeded, true
+		e.Message = fmt.Sprintf("budget exceeded for %s: spend $%s ≥ cap $%s in the current window (resets %s)",
+			scope, usd(r.SpendMicros), usd(r.CapMicros), r.WindowEnd.Format(time.RFC3339))
+	}
+	return e
+}
+
+func usd(micros int64) string {
+	return strconv.FormatFloat(float64(micros)/1e6, 'f', 6, 64)
+}
+
+// setRateHeaders writes the OpenAI x-ratelimit-* headers for the tightest
+// scope of each kind and the IETF RateLimit / RateLimit-Policy fields
+// (draft-ietf-httpapi-ratelimit-headers: "rpm" and "tpm" policies over a
+// 60 s window). The values that depend only on the limits (a snapshot's
+// settings) are built once per pair of limits (rateHeaderCache); only
+// remaining and reset are formatted per request.
+func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
+	if rh.LimitRequests <= 0 && rh.LimitTokens <= 0 {
+		return
+	}
+	pc := rateHeaderValues(rh.LimitRequests, rh.LimitTokens)
+	var state []byte
+	if rh.LimitRequests > 0 {
+		rem := strconv.FormatInt(max(rh.RemainingRequests, 0), 10)
+		hd["X-Ratelimit-Limit-Requests"] = pc.limitR
+		hd["X-Ratelimit-Remaining-Requests"] = []string{rem}
+		hd["X-Ratelimit-Reset-Requests"] = []string{resetString(rh.ResetRequests)}
+		state = append(state, `"rpm";r=`...)
+		state = append(state, rem...)
+		state = append(state, ";t="...)
+		state = strconv.AppendInt(state, ceilSecondsInt(rh.ResetRequests), 10)
+	}
+	if rh.LimitTokens > 0 {
+		rem := strconv.FormatInt(max(rh.RemainingTokens, 0), 10)
+		hd["X-Ratelimit-Limit-Tokens"] = pc.limitT
+		hd["X-Ratelimit-Remaining-Tokens"] = []string{rem}
+		hd["X-Ratelimit-Reset-Tokens"] = []string{resetString(rh.ResetTokens)}
+		if len(state) > 0 {
+			state = append(state, ", "...)
+		}
+		state = append(state, `"tpm";r=`...)
+		state = append(state, rem...)
+		state = append(state, ";t="...)
+		state = strconv.AppendInt(state, ceilSecondsInt(rh.ResetTokens), 10)
+	}
+	hd["Ratelimit-Policy"] = pc.policy
+	hd["Ratelimit"] = []string{string(state)}
+}
+
+// rateHeaderSet is the limit-only header values of one pair of limits.
+// The slices are shared by every response: http.Header.Set and Add
+// replace or grow them, never write into them.
+type rateHeaderSet struct {
+	limitR, limitT, policy []string
+}
+
+// rateHeaderCache holds the header values of the pairs of limits seen,
+// up to maxRateHeaderSets (then it starts over): limits change only with
+// the configuration.
+var rateHeaderCache struct {
+	mu sync.RWMutex
+	m  map[[2]int64]*rateHeaderSet
+}
+
+const maxRateHeaderSets = 4096
+
+func rateHeaderValues(rpm, tpm int64) *rateHeaderSet {
+	k := [2]int64{rpm, tpm}
+	rateHeaderCache.mu.RLock()
+	v := rateHeaderCache.m[k]
+	rateHeaderCache.mu.RUnlock()
+	if v != nil {
+		return v
+	}
+	v = &rateHeaderSet{}
+	var policy []string
+	if rpm > 0 {
+		v.limitR = []string{strconv.FormatInt(rpm, 10)}
+		policy = append(policy, `"rpm";q=`+v.limitR[0]+";w=60")
+	}
+	if tpm > 0 {
+		v.limitT = []string{strconv.FormatInt(tpm, 10)}
+		policy = append(policy, `"tpm";q=`+v.limitT[0]+";w=60")
+	}
+	v.policy = []string{strings.Join(policy, ", ")}
+	rateHeaderCache.mu.Lock()
+	if rateHeaderCache.m == nil || len(rateHeaderCache.m) >= maxRateHeaderSets {
+		rateHeaderCache.m = make(map[[2]int64]*rateHeaderSet)
+	}
+	rateHeaderCache.m[k] = v
+	rateHeaderCache.mu.Unlock()
+	return v
+}
+
+// resetString formats a reset duration as OpenAI does ("1s", "6m0s", "20ms").
+func resetString(d time.Duration) string {
+	if d <= 0 {
+		return "0s"
+	}
+	if d < time.Second {
+		return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+func ceilSecondsInt(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// admitDeployment takes a fleet-wide lease on a deployment that sets
+// max_concurrency. ok is false when the deployment is at its cap; e is a
+// fail-closed answer when Redis is unavailable.
+func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment) (lease *limits.Lease, rej *limits.Rejection, e *openai.Error) {
+	h := x.h
+	if h.cfg.Limiter == nil || d.GetMaxConcurrency() <= 0 {
+		return nil, nil, nil
+	}
+	scopes, ok := x.deploymentScopes(d) // max_concurrency and the class caps (traffic.go)
+	if !ok {
+		return nil, &limits.Rejection{Limit: limits.LimitParallel, RetryAfter: time.Second}, nil
+	}
+	dec, err := h.cfg.Limiter.Admit(ctx, limits.Request{
+		OrgID: limits.DeploymentOrg(d.GetId()), RequestID: x.id + "/" + strconv.Itoa(x.attempts), Scopes: scopes,
+	})
+	if err != nil {
+		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
+		if errors.Is(err, limits.ErrUnavailable) {
+			h.cancelAdmission(dec.Lease, err)
+			return nil, nil, limitsUnavailable("the limits store did not answer in time; deployment concurrency cannot be checked")
+		}
+		h.log.Error("deployment admission failed", "request_id", x.id, "error", err)
+		return nil, nil, limitsUnavailable("deployment concurrency cannot be checked")
+	}
+	if !dec.Allowed {
+		h.m.limitRejections.WithLabelValues(limits.KindDeployment, string(dec.Rejection.Limit)).Inc()
+		return nil, dec.Rejection, nil
+	}
+	return dec.Lease, nil, nil
+}
+
+// liveLeases are the leases an exchange holds: its admission and, during
+// an attempt, the deployment's.
+type liveLeases struct {
+	mu   sync.Mutex
+	main *limits.Lease
+	dep  *limits.Lease
+}
+
+func (l *liveLeases) snapshot() []*limits.Lease {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]*limits.Lease, 0, 2)
+	for _, x := range []*limits.Lease{l.main, l.dep} {
+		if x != nil {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (l *liveLeases) setDep(d *limits.Lease) {
+	l.mu.Lock()
+	l.dep = d
+	l.mu.Unlock()
+}
+
+// startRenewal renews the exchange's leases every RenewInterval until
+// stopRenewal. When no renewal succeeds for LeaseTTL − RenewInterval the
+// request is cancelled with errLeaseLost: its slots may have been given
+// away, and a request must not outlive its lease.
+func (x *exchange) startRenewal() {
+	lim := x.h.cfg.Limiter
+	if lim == nil || x.renewal != nil {
+		return
+	}
+	// A timer, not a goroutine: most requests end before the first
+	// renewal is due and then cost nothing here.
+	r := &renewal{x: x, lim: lim, interval: lim.RenewInterval(), ttl: lim.LeaseTTL(), lastOK: time.Now()}
+	x.renewal = r
+	r.mu.Lock()
+	r.t = time.AfterFunc(r.interval, r.fire)
+	r.mu.Unlock()
+}
+
+// renewal renews an exchange's leases every interval until stopped, and
+// at once when kicked (a sweepable stream reporting its usage, lease.go).
+// Renewals never run concurrently: a kick during one runs another after it.
+type renewal struct {
+	x             *exchange
+	lim           *limits.Limiter
+	interval, ttl time.Duration
+	lastOK        time.Time
+	mu            sync.Mutex
+	t             *time.Timer
+	stopped       bool
+	firing, again bool
+}
+
+// kick renews now (or right after the renewal in progress).
+func (r *renewal) kick() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.stopped:
+	case r.firing:
+		r.again = true
+	default:
+		r.t.Reset(0)
+	}
+}
+
+func (r *renewal) fire() {
+	r.mu.Lock()
+	if r.firing || r.stopped {
+		r.again = r.again || r.firing
+		r.mu.Unlock()
+		return
+	}
+	r.firing = true
+	r.mu.Unlock()
+	for {
+		live := r.renew()
+		r.mu.Lock()
+		if live && r.again && !r.stopped {
+			r.again = false
+			r.mu.Unlock()
+			continue
+		}
+		r.firing, r.again = false, false
+		if live && !r.stopped {
+			r.t.Reset(r.interval)
+		}
+		r.mu.Unlock()
+		return
+	}
+}
+
+// renew renews every live lease once (the admission's with the request's
+// report) and reports false when it aborted the request.
+func (r *renewal) renew() bool {
+	x := r.x
+	ok := true
+	for _, l := range x.leases.snapshot() {
+		var st limits.RenewState
+		var err error
+		if l == x.lease && l.Sweepable() {
+			st, err = r.lim.RenewReport(context.Background(), l, x.report(time.Now()))
+		} else {
+			st, err = r.lim.Renew(context.Background(), l)
+		}
+		if err != nil {
+			ok = false
+			x.h.m.limitsUnavailable.WithLabelValues("renew").Inc()
+			continue
+		}
+		switch st {
+		case limits.RenewReasserted:
+			x.h.m.leasesReasserted.Inc()
+		case limits.RenewSwept:
+			// Renewals were late by a whole lease TTL and a sweeper
+			// settled the request: its slots and reservation are gone.
+			x.h.sm.foundSwept.WithLabelValues("renew").Inc()
+			x.h.log.Warn("aborting request: a sweeper settled it after its leases expired", "request_id", x.id)
+			x.abort(errLeaseLost)
+			return false
+		}
+	}
+	if ok {
+		r.lastOK = time.Now()
+	} else if time.Since(r.lastOK) > r.ttl-r.interval {
+		x.h.log.Warn("aborting request: leases could not be renewed", "request_id", x.id)
+		x.abort(errLeaseLost)
+		return false
+	}
+	return true
+}
+
+func (x *exchange) stopRenewal() {
+	if r := x.renewal; r != nil {
+		r.mu.Lock()
+		r.stopped = true
+		r.t.Stop()
+		r.mu.Unlock()
+	}
+}
+
+// settleLeases settles the admission lease with the request's real usage
+// and cost, off the request path; settling is idempotent by request id,
+// so it is retried until Redis answers (bounded by settleGiveUp).
+func (x *exchange) settleLeases(tokens int64, costUSD float64) {
+	h := x.h
+	if x.localReq != nil && h.cfg.RateFallback != nil {
+		h.cfg.RateFallback.Reconcile(*x.localReq, tokens)
+	}
+	if x.lease == nil {
+		return
+	}
+	if x.shed {
+		// Shed without an attempt (no slot, queue full or timed out): the
+		// admission consumes nothing, its rpm unit included.
+		h.enqueueSettle(limits.SettleItem{Lease: x.lease, Cancel: true}, x.alertMeta(), nil)
+		return
+	}
+	h.settleAsync(x.lease, tokens, budget.Micros(costUSD), x.alertMeta())
+}
+
+// alertMeta is what an alert needs from the exchange.
+type alertMeta struct {
+	requestID, orgID, keyTeam, teamID string
+}
+
+func (x *exchange) alertMeta() alertMeta {
+	m := alertMeta{requestID: x.id, orgID: x.p.Key.GetOrgId(), keyTeam: x.p.Key.GetTeamId()}
+	if x.p.Team != nil {
+		m.teamID = x.p.Team.GetId()
+	}
+	return m
+}
+
+func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta alertMeta) {
+	h.enqueueSettle(limits.SettleItem{Lease: l, Tokens: tokens, CostMicros: costMicros}, meta, nil)
+}
+
+// enqueueSettle hands a settlement to the settlement worker
+// (limits.Settler, run by Run); done, when set, runs once it is settled
+// or given up.
+func (h *Handler) enqueueSettle(item limits.SettleItem, meta alertMeta, done func()) {
+	h.m.pendingSettles.Inc()
+	h.settler.Enqueue(limits.SettleJob{Item: item, Done: func(res limits.SettleResult, err error) {
+		if err != nil {
+			h.m.settleFailures.Inc()
+			h.log.Error("giving up settling a request's limits", "request_id", item.Lease.RequestID(), "error", err)
+		} else {
+			h.settled(res, meta)
+		}
+		if done != nil {
+			done()
+		}
+		h.m.pendingSettles.Dec()
+	}})
+}
+
+// settled finishes a settlement: its alerts and metrics.
+func (h *Handler) settled(res limits.SettleResult, meta alertMeta) {
+	if res.WithoutRecord {
+		h.m.settlesWithoutRecord.Inc()
+	}
+	if res.Swept {
+		h.sm.foundSwept.WithLabelValues("settle").Inc()
+	}
+	for _, a := range res.Alerts {
+		h.alert(a, meta)
+	}
+}
+
+// maxPendingCancels bounds the settlements queued to cancel admissions
+// that timed out (a long outage under heavy load must not pile up
+// goroutines); past it a late admission heals by itself: leases by TTL,
+// the rest with its window.
+const maxPendingCancels = 10_000
+
+// cancelAdmission settles, with zero usage, an admission whose call failed
+// but may still run in Redis (a frozen server executes queued commands when
+// it resumes): whichever comes first, the late admission consumes nothing
+// for long. Settling is idempotent and leaves a tombstone the admission
+// script refuses.
+func (h *Handler) cancelAdmission(l *limits.Lease, err error) {
+	if l == nil || !l.Needs() || !limits.MayHaveRun(err) {
+		return
+	}
+	if h.pendingCancels.Add(1) > maxPendingCancels {
+		h.pendingCancels.Add(-1)
+		h.m.settleFailures.Inc()
+		return
+	}
+	h.enqueueSettle(limits.SettleItem{Lease: l, Cancel: true}, alertMeta{}, func() { h.pendingCancels.Add(-1) })
+}
+
+// releaseDeploymentLease releases the deployment lease of the current
+// attempt, if any (exactly once: the lease is taken out first).
+func (x *exchange) releaseDeploymentLease() {
+	x.leases.mu.Lock()
+	l := x.leases.dep
+	x.leases.dep = nil
+	x.leases.mu.Unlock()
+	if l != nil {
+		// Waiters of the group, on this proxy and the fleet's others, try
+		// again once the slot is free in the limits store.
+		group := x.group
+		x.h.enqueueSettle(limits.SettleItem{Lease: l}, alertMeta{}, func() { x.h.queues.Released(group) })
+	}
+}
+
+// alert publishes a budget alert (NATS event via the AlertSink, metric,
+// log line).
+func (h *Handler) alert(a limits.BudgetAlert, meta alertMeta) {
+	h.m.budgetAlerts.WithLabelValues(a.Scope.Kind, strconv.FormatInt(a.Percent, 10)).Inc()
+	team := ""
+	switch a.Scope.Kind {
+	case limits.KindKey, limits.KindKeyModel:
+		team = meta.keyTeam
+	case limits.KindMember, limits.KindTeam, limits.KindTeamModel:
+		team = meta.teamID
+	}
+	h.log.Warn("budget alert", "org_id", meta.orgID, "scope", a.Scope.String(), "threshold_percent", a.Percent,
+		"spend_usd", usd(a.SpendMicros), "cap_usd", usd(a.CapMicros), "soft_usd", usd(a.SoftMicros))
+	if h.cfg.Alerts == nil {
+		return
+	}
+	now := time.Now()
+	start, _, _ := budget.Window(a.Window, now)
+	id := fmt.Sprintf("%s/%s/%s/%s/%d/%d", meta.orgID, a.Scope.Kind, a.Scope.ID, a.Window, start.Unix(), a.Percent)
+	h.cfg.Alerts.Alert(&usagev1.BudgetAlert{
+		AlertId: id, Time: timestamppb.New(now), OrgId: meta.orgID, TeamId: team,
+		ScopeKind: a.Scope.Kind, ScopeId: a.Scope.ID, ThresholdPercent: int32(a.Percent),
+		SpendMicros: a.SpendMicros, CapMicros: a.CapMicros, SoftMicros: a.SoftMicros,
+		Window: a.Window, WindowStart: start.Unix(), Region: h.cfg.Region, InstanceId: h.cfg.InstanceID,
+		RequestId: meta.requestID,
+	})
+}
+
+// Drain waits until no settlement is pending or ctx ends (Run must be
+// running).
+func (h *Handler) Drain(ctx context.Context) error {
+	if h.settler == nil {
+		return nil
+	}
+	return h.settler.Drain(ctx)
+}

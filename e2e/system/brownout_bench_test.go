@@ -1,0 +1,259 @@
+package system
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/dataplane"
+	"github.com/sluicegw/sluice/e2e/harness"
+	"github.com/sluicegw/sluice/e2e/vllmsim"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+func envOr(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// BenchmarkBrownout (make bench-brownout, docs/resilience.md): the issue's
+// brownout through two data planes. Four vLLM simulators behind one group
+// — 50% 503 (queue full, Retry-After 1 s), 429 with Retry-After 30 s,
+// streams cut after 3 chunks, healthy but 20 ms slower — and an open-loop
+// load of SLUICE_BENCH_BROWNOUT_RATE streams per second (default 200) for
+// SLUICE_BENCH_BROWNOUT_SECONDS (default 60), alternating between the
+// proxies. Reported: upstream attempts per client request (target ≤ 1.2),
+// client errors by kind, what the 429ing engine received beyond one 429
+// per proxy and parking, the stream-cutter's failures before each
+// ejection and its returns, the largest share of the pool any request
+// found out of rotation. Then the amplification check: openai-go with its
+// default retries against a pool where every engine answers 503.
+func BenchmarkBrownout(b *testing.B) {
+	rate := envOr("SLUICE_BENCH_BROWNOUT_RATE", 200)
+	dur := time.Duration(envOr("SLUICE_BENCH_BROWNOUT_SECONDS", 60)) * time.Second
+	d := startDist(b)
+	ctx := context.Background()
+	mk := func(edit func(*vllmsim.Config)) *vllmsim.Server {
+		cfg := vllmsim.DefaultConfig()
+		cfg.Addr, cfg.TimeScale, cfg.MeanOutputTokens = "127.0.0.1:0", 20, 8
+		cfg.MaxNumSeqs = 1024
+		edit(&cfg)
+		return harness.StartSim(b, cfg)
+	}
+	flaky := mk(func(c *vllmsim.Config) { c.Faults.Status, c.Faults.Probability = 503, 0.5 })
+	limited := mk(func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = 429, 30*time.Second })
+	cutter := mk(func(c *vllmsim.Config) { c.Faults.CutAfterChunks = 3 })
+	slow := mk(func(c *vllmsim.Config) { c.Faults.Delay = 20 * time.Millisecond })
+	m := d.modelClient()
+	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "qwen", PlatformWide: true}))
+	require.NoError(b, err)
+	ids := map[string]string{}
+	for name, s := range map[string]*vllmsim.Server{"flaky": flaky, "limited": limited, "cutter": cutter, "slow": slow} {
+		ids[name] = createDeployment(b, d, "qwen", s.URL()+"/v1", 1)
+	}
+	// The overloaded pool of the amplification check.
+	_, err = m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "overloaded", PlatformWide: true}))
+	require.NoError(b, err)
+	var overIDs []string
+	for range 4 {
+		s := mk(func(c *vllmsim.Config) { c.Faults.Status = 503 })
+		overIDs = append(overIDs, createDeployment(b, d, "overloaded", s.URL()+"/v1", 1))
+	}
+	ten := d.NewTenant("brownout-bench")
+	var ps []*proxy
+	for range 2 {
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.MaxRetries = 3 }))
+	}
+	for _, p := range ps {
+		harness.Eventually(b, func() bool {
+			return len(p.DP.Catalog().Deployments("overloaded")) == 4 && len(p.DP.Catalog().Deployments("qwen")) == 4
+		},
+			10*time.Second, 10*time.Millisecond)
+		harness.WaitStatus(b, p, ten.Token, http.StatusOK, 10*time.Second)
+	}
+	sum := func(name string, labels map[string]string) float64 {
+		var v float64
+		for _, p := range ps {
+			v += promValue(b, p.DP.Gatherer(), name, labels)
+		}
+		return v
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}, Timeout: 30 * time.Second}
+	defer hc.CloseIdleConnections()
+
+	b.ResetTimer()
+	for range b.N {
+		var sent, attempts, ok, cut, transport atomic.Int64
+		var mu sync.Mutex
+		refused := map[string]int{}
+		var maxOut float64
+		var cutterFailsAtEjection []float64
+		stop := make(chan struct{})
+		var sampler sync.WaitGroup
+		sampler.Add(1)
+		go func() { // the share of the pool out of rotation, and the cutter's ejections
+			defer sampler.Done()
+			lastEj := make([]float64, len(ps))
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				for i, p := range ps {
+					g := p.DP.Gatherer()
+					maxOut = max(maxOut, promValue(b, g, "sluice_proxy_pool_out_of_rotation_ratio", map[string]string{"model_group": "qwen"}))
+					if ej := promValue(b, g, "sluice_proxy_deployment_ejections_total", map[string]string{"deployment": ids["cutter"], "reason": "failures"}); ej > lastEj[i] {
+						lastEj[i] = ej
+						cutterFailsAtEjection = append(cutterFailsAtEjection, deploymentErrors(b, g, ids["cutter"]))
+					}
+				}
+			}
+		}()
+		var wg sync.WaitGroup
+		start := time.Now()
+		tick := time.NewTicker(time.Second / time.Duration(rate))
+		for i := 0; time.Since(start) < dur; i++ {
+			<-tick.C
+			wg.Add(1)
+			sent.Add(1)
+			go func(p *proxy) {
+				defer wg.Done()
+				req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/chat/completions",
+					strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`))
+				req.Header.Set("Authorization", "Bearer "+ten.Token)
+				resp, err := hc.Do(req)
+				if err != nil {
+					transport.Add(1)
+					return
+				}
+				defer func() { _ = resp.Body.Close() }()
+				a, _ := strconv.Atoi(resp.Header.Get(dataplane.HeaderAttempts))
+				attempts.Add(int64(a))
+				last := ""
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if v, found := strings.CutPrefix(sc.Text(), "data: "); found {
+						last = v
+					} else if resp.StatusCode != http.StatusOK && sc.Text() != "" {
+						last = sc.Text()
+					}
+				}
+				switch {
+				case resp.StatusCode != http.StatusOK:
+					code := "other"
+					if i := strings.Index(last, `"code":"`); i >= 0 {
+						code = strings.SplitN(last[i+8:], `"`, 2)[0]
+					}
+					mu.Lock()
+					refused[strconv.Itoa(resp.StatusCode)+" "+code]++
+					mu.Unlock()
+				case last == "[DONE]":
+					ok.Add(1)
+				default:
+					cut.Add(1)
+				}
+			}(ps[i%2])
+		}
+		tick.Stop()
+		wg.Wait()
+		close(stop)
+		sampler.Wait()
+		n := sent.Load()
+		nRefused := 0
+		for _, c := range refused {
+			nRefused += c
+		}
+		limited429 := sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": ids["limited"], "kind": "status_429"})
+		parkings := dur / (30 * time.Second)
+		returns := sum("sluice_proxy_deployment_returns_total", map[string]string{"deployment": ids["cutter"], "reason": "ejected"})
+		perReq := float64(attempts.Load()) / float64(n)
+		b.Logf("brownout: %d streams at %d/s for %s through 2 proxies: %d ok, %d cut mid-stream (typed error event), %d refused %v, %d transport errors",
+			n, rate, dur, ok.Load(), cut.Load(), nRefused, refused, transport.Load())
+		b.Logf("brownout: %d upstream attempts, %.3f per client request (target <= 1.2)", attempts.Load(), perReq)
+		b.Logf("brownout: the 429ing engine received %.0f requests (one per proxy per 30 s parking: %d expected)", limited429, 2*(int(parkings)+1))
+		b.Logf("brownout: the stream-cutter's cumulative failures (this proxy) at each ejection %v; %.0f returns after its backoff", cutterFailsAtEjection, returns)
+		b.Logf("brownout: largest share of the pool out of rotation seen by a request %.2f (max ejection percent 50)", maxOut)
+		b.ReportMetric(perReq, "attempts/req")
+		b.ReportMetric(float64(nRefused)/float64(n), "refused/req")
+		b.ReportMetric(float64(cut.Load())/float64(n), "cut/req")
+		b.ReportMetric(maxOut, "max-out-ratio")
+		b.ReportMetric(limited429, "limited-received")
+
+		// Amplification: openai-go's default retries (2) against a pool
+		// where every engine answers 503.
+		upBefore := 0.0
+		for _, id := range overIDs {
+			upBefore += sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": id, "kind": "status_503_queue_full"}) +
+				sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": id, "kind": "status_5xx"})
+		}
+		const calls, conc = 100, 8
+		var cw sync.WaitGroup
+		var failed atomic.Int64
+		next := make(chan int, calls)
+		for i := range calls {
+			next <- i
+		}
+		close(next)
+		ampStart := time.Now()
+		for range conc {
+			cw.Add(1)
+			go func() {
+				defer cw.Done()
+				for i := range next {
+					cl := openai.NewClient(option.WithBaseURL(ps[i%2].URL+"/v1"), option.WithAPIKey(ten.Token))
+					_, err := cl.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "overloaded", MaxTokens: openai.Int(4),
+						Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}})
+					if err != nil {
+						failed.Add(1)
+					}
+				}
+			}()
+		}
+		cw.Wait()
+		up := -upBefore
+		for _, id := range overIDs {
+			up += sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": id, "kind": "status_503_queue_full"}) +
+				sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": id, "kind": "status_5xx"})
+		}
+		b.Logf("amplification: %d openai-go calls (default retries) against a fully overloaded pool, %d failed, in %s: %.0f upstream calls (%.2f per client call, target <= 1.2)",
+			calls, failed.Load(), time.Since(ampStart).Round(time.Millisecond), up, up/calls)
+		b.ReportMetric(up/calls, "upstream/sdk-call")
+	}
+}
+
+// deploymentErrors sums sluice_proxy_upstream_errors_total of one
+// deployment over every kind.
+func deploymentErrors(tb testing.TB, g prometheus.Gatherer, id string) float64 {
+	mfs, err := g.Gather()
+	require.NoError(tb, err)
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_proxy_upstream_errors_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "deployment" && l.GetValue() == id {
+					v += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return v
+}

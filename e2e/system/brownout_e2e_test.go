@@ -1,0 +1,115 @@
+package system
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/dataplane"
+	"github.com/sluicegw/sluice/e2e/harness"
+	"github.com/sluicegw/sluice/e2e/vllmsim"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+// TestBrownout: four vLLM simulators behind one model group — one
+// answering 50% 503 (vLLM's queue-full message), one 429 with
+// Retry-After 30 s, one cutting every stream after 3 chunks, one healthy
+// but slow — and streaming requests through a real data plane. Retries
+// stay within the attempt and retry budgets, the 429ing engine is parked
+// after its first 429, and the stream-cutter is ejected within a few
+// failures, so almost every request succeeds; those over the retry budget
+// get a typed error with retry-after.
+func TestBrownout(t *testing.T) {
+	t.Parallel()
+	d := startDist(t)
+	mk := func(edit func(*vllmsim.Config)) *vllmsim.Server {
+		cfg := vllmsim.DefaultConfig()
+		cfg.Addr, cfg.TimeScale, cfg.MeanOutputTokens = "127.0.0.1:0", 20, 8
+		edit(&cfg)
+		return harness.StartSim(t, cfg)
+	}
+	flaky := mk(func(c *vllmsim.Config) { c.Faults.Status, c.Faults.Probability = 503, 0.5 }) // Retry-After 1 s (the default)
+	limited := mk(func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = 429, 30*time.Second })
+	cutter := mk(func(c *vllmsim.Config) { c.Faults.CutAfterChunks = 3 })
+	slow := mk(func(c *vllmsim.Config) { c.Faults.Delay = 20 * time.Millisecond })
+	ctx := context.Background()
+	m := d.modelClient()
+	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "qwen", PlatformWide: true}))
+	require.NoError(t, err)
+	for _, s := range []*vllmsim.Server{flaky, limited, cutter, slow} {
+		_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "qwen", ApiBase: s.URL() + "/v1",
+			UpstreamModel: vllmsim.DefaultModel, Weight: 1, Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 3e-6}}))
+		require.NoError(t, err)
+	}
+	ten := d.NewTenant("brownout")
+	p := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.MaxRetries = 3 })
+	harness.Eventually(t, func() bool { return len(p.DP.Catalog().Deployments("qwen")) == 4 }, 10*time.Second, 10*time.Millisecond)
+	harness.WaitStatus(t, p, ten.Token, http.StatusOK, 10*time.Second)
+
+	const n, workers = 400, 8
+	var attempts, ok, streamErrs, refused, badRefusal atomic.Int64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= n {
+				req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/chat/completions",
+					strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`))
+				req.Header.Set("Authorization", "Bearer "+ten.Token)
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					refused.Add(1)
+					continue
+				}
+				a, _ := strconv.Atoi(resp.Header.Get(dataplane.HeaderAttempts))
+				attempts.Add(int64(a))
+				last := ""
+				sc := bufio.NewScanner(resp.Body)
+				for sc.Scan() {
+					if v, found := strings.CutPrefix(sc.Text(), "data: "); found {
+						last = v
+					} else if resp.StatusCode != http.StatusOK {
+						last = sc.Text()
+					}
+				}
+				resp.Body.Close()
+				switch {
+				case resp.StatusCode != http.StatusOK:
+					refused.Add(1)
+					// Typed, with the hints a client retries on.
+					if !strings.Contains(last, `"code":"upstream_`) || resp.Header.Get("Retry-After-Ms") == "" {
+						badRefusal.Add(1)
+					}
+				case last == "[DONE]":
+					ok.Add(1)
+				default:
+					streamErrs.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	perReq := float64(attempts.Load()) / n
+	t.Logf("%d streams: %d ok, %d cut mid-stream (typed error event), %d refused; %d upstream attempts (%.3f per request)",
+		n, ok.Load(), streamErrs.Load(), refused.Load(), attempts.Load(), perReq)
+	// Over the retry budget a request gets its original, typed error: the
+	// budget trades a few client errors (which carry retry-after) for no
+	// retry storm. The "no client error" goal of the issue is not met yet.
+	require.Zero(t, badRefusal.Load(), "a refusal without an upstream_* code and retry-after-ms")
+	require.Less(t, refused.Load(), int64(n/10))
+	require.LessOrEqual(t, perReq, 1.2+float64(3)/n, "retry amplification beyond the budget (20%% + its minimum of 3)")
+	// The cutter is ejected after 3 cuts, for 1 s then doubling: few
+	// streams reach it.
+	require.LessOrEqual(t, streamErrs.Load(), int64(15), "the stream-cutter was not ejected")
+}

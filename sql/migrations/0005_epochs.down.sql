@@ -1,0 +1,2 @@
+ALTER TABLE data_planes DROP COLUMN IF EXISTS rejecting;
+DROP TABLE IF EXISTS distribution_epochs;

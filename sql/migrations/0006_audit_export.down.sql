@@ -1,0 +1,3 @@
+DROP TRIGGER audit_log_notify ON audit_log;
+DROP FUNCTION audit_log_notify();
+DROP TABLE audit_export;

@@ -1,0 +1,1 @@
+DROP TABLE trusted_issuers;

@@ -1,0 +1,1 @@
+ALTER TABLE spend_logs DROP COLUMN cache_creation_tokens;

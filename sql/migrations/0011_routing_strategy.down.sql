@@ -1,0 +1,1 @@
+ALTER TABLE model_groups DROP COLUMN routing;
