@@ -147,10 +147,14 @@ const PAGES = [
   ['keys', 'Keys', () => true, pageKeys],
   ['customers', 'End customers', () => !isTeam(), pageCustomers],
   ['models', 'Models', () => true, pageModels],
+  ['traffic', 'Traffic classes', () => true, pageTraffic],
+  ['health', 'Health & queues', () => isPlatform(), pageHealth],
   ['fleet', 'Fleet & rollout', () => isPlatform(), pageFleet],
   ['alerts', 'Alerts', () => true, pageAlerts],
   ['audit', 'Audit log', () => true, pageAudit],
   ['spend', 'Spend', () => true, pageSpend],
+  ['requests', 'Requests & TTFT', () => true, pageRequests],
+  ['explain', 'Explain', () => true, pageExplain],
 ];
 
 async function pageOverview() {
@@ -407,7 +411,8 @@ function dayKey(t) { return new Date(t).toISOString().slice(0, 10); }
 function lastDays(n) { const out = []; const now = Date.now(); for (let i = n - 1; i >= 0; i--) out.push(dayKey(now - i * 86400000)); return out; }
 
 // stackedBars draws one bar per day, stacked by series (top 7 + other).
-function stackedBars(title, days, series, fmt, test) {
+function stackedBars(title, days, series, fmt, test, label) {
+  label = label || (d => d.slice(5));
   const names = Object.keys(series).sort((a, b) => total(series[b]) - total(series[a]));
   let shown = names.slice(0, 7);
   const merged = {};
@@ -435,7 +440,7 @@ function stackedBars(title, days, series, fmt, test) {
       g.append(svg('rect', { x: L + i * bw + 2, y: y, width: Math.max(1, bw - 4), height: h, fill: COLORS[j % COLORS.length], 'data-series': n },
         svg('title', {}, d + ' ' + n + ': ' + fmt(v))));
     });
-    if (days.length <= 16 || i % 2 === 0) g.append(svg('text', { x: L + i * bw + bw / 2, y: H - B + 14, 'text-anchor': 'middle' }, d.slice(5)));
+    if (days.length <= 16 || i % 2 === 0) g.append(svg('text', { x: L + i * bw + bw / 2, y: H - B + 14, 'text-anchor': 'middle' }, label(d)));
   });
   const legend = el('div', { class: 'legend' }, shown.map((n, j) => { const s = el('span', {}, n + ' ' + fmt(total(merged[n]))); s.style.setProperty('--c', COLORS[j % COLORS.length]); return s; }));
   return el('div', {}, el('h2', {}, title), legend, g);
