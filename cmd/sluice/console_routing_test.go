@@ -17,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
+	"github.com/sluicegw/sluice/e2e/vllmsim"
 	"github.com/sluicegw/sluice/internal/testsvc"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 	"github.com/sluicegw/sluice/proto/gen/sluice/admin/v1/adminv1connect"
@@ -102,6 +103,12 @@ func TestConsoleRoutingPages(t *testing.T) {
 		Prices: &adminv1.Prices{InputPerToken: 0.0000002, OutputPerToken: 0.0000006}}))
 	require.NoError(t, err)
 	parkedID := pd.Msg.Deployment.Id
+	// A healthy second engine: with one of two out the pool stays within
+	// the maximum ejection share, so the parked one stays out.
+	_, err = models.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{
+		ModelGroup: parkedGroup, ApiBase: st.Engines[devEngines[0]] + "/v1", UpstreamModel: vllmsim.DefaultModel, Weight: 1,
+		Prices: &adminv1.Prices{InputPerToken: 0.0000002, OutputPerToken: 0.0000006}}))
+	require.NoError(t, err)
 
 	// Streams for the TTFT plot, then the parked deployment.
 	dev.authenticates(t, st.Keys["human"], 15*time.Second)
@@ -112,7 +119,7 @@ func TestConsoleRoutingPages(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		status, _, body := chat(t, st.ProxyURL, ruleKey.Msg.Token, parkedGroup, "", false)
-		require.NotEqual(t, http.StatusOK, status, body)
+		require.Equal(t, http.StatusOK, status, "a 429 is retried on the healthy engine: %s", body)
 		dl, err := fleet.ListDataPlanes(ctx, connect.NewRequest(&adminv1.ListDataPlanesRequest{}))
 		require.NoError(t, err)
 		parked := false
@@ -127,17 +134,23 @@ func TestConsoleRoutingPages(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "no heartbeat reports %s parked after 30 s (last answer %d %s)", parkedID, status, body)
 		time.Sleep(200 * time.Millisecond)
 	}
+	// A rejection for the Requests page: an unknown model.
+	status, _, body := chat(t, st.ProxyURL, ruleKey.Msg.Token, "no-such-model-"+suffix, "", false)
+	require.Equal(t, http.StatusNotFound, status, body)
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		r, err := spend.ListSpendLogs(ctx, connect.NewRequest(&adminv1.ListSpendLogsRequest{OrgId: st.OrgID}))
 		require.NoError(t, err)
-		streams := 0
+		streams, rejected := 0, 0
 		for _, l := range r.Msg.Logs {
 			if l.TtftMs > 0 && l.Route == "/v1/chat/completions" {
 				streams++
 			}
+			if l.ErrorCode == "model_not_found" {
+				rejected++
+			}
 		}
-		if streams >= 3 {
+		if streams >= 3 && rejected == 1 {
 			break
 		}
 		require.False(t, time.Now().After(deadline), "the ledger has %d of 3 streams with a TTFT after 30 s", streams)
@@ -202,12 +215,12 @@ func TestConsoleRoutingPages(t *testing.T) {
 	require.Contains(t, b.text(`table[data-test="trace-model"]`), devModel)
 	require.Equal(t, "2", b.eval(`String(document.querySelectorAll('table[data-test="trace-deployments"] td .ok').length)`), "both demo engines are candidates")
 	require.Contains(t, b.text(`table[data-test="trace-scopes"]`), "org "+st.OrgID, "the org's budget scope")
-	// The parked pool: its only deployment is filtered by health.
+	// The parked pool: the parked deployment is filtered by health.
 	b.do("explain a request to the parked pool",
 		chromedp.SetValue(chromedp.CSS(`form[data-test="explain-form"] input[name="model"]`), parkedGroup),
 		chromedp.Click(chromedp.CSS(`button[data-test="explain"]`)),
-		chromedp.WaitVisible(chromedp.CSS(`[data-test="outcome"].error`)))
-	require.Contains(t, b.text(`table[data-test="trace-deployments"]`), "filtered by health")
+		chromedp.Poll[chromedp.Void](`document.querySelector('table[data-test="trace-deployments"] tr[data-id="`+parkedID+`"]')?.textContent.includes('filtered by health')`))
+	require.Contains(t, b.text(`[data-test="outcome"]`), "200: forwarded to dep_", "to the healthy engine")
 	if dir := os.Getenv(screenshotsEnv); dir != "" {
 		b.do("explain the demo request again for the screenshot",
 			chromedp.SetValue(chromedp.CSS(`form[data-test="explain-form"] input[name="model"]`), devModel),
@@ -228,7 +241,7 @@ func TestConsoleRoutingPages(t *testing.T) {
 	ttft := b.text(`table[data-test="ttft"]`)
 	require.Contains(t, ttft, "/v1/chat/completions")
 	require.Contains(t, ttft, "interactive")
-	require.Contains(t, b.text(`table[data-test="rejections"]`), "upstream_rate_limited", "the parked pool's refusals by class and reason")
+	require.Contains(t, b.text(`table[data-test="rejections"]`), "model_not_found", "the unknown model's refusal by class and reason")
 	require.NotEqual(t, "0", b.eval(`String(document.querySelectorAll('svg[data-test="plot-classes"] rect').length)`))
 
 	// The platform sees the parked deployment and every instance's backlog.

@@ -155,7 +155,7 @@ function deploymentTrafficEditor(box, d, t) {
     field('interactive reserve', n('interactiveReserve', t.interactiveReserve)), field('batch max concurrency', n('batchMaxConcurrency', t.batchMaxConcurrency)),
     field('max prefill tokens in flight', n('maxPrefillTokensInFlight', t.maxPrefillTokensInFlight)),
     field('priority scheduling', el('input', { type: 'checkbox', name: 'priorityScheduling', checked: !!t.priorityScheduling })),
-    TRAFFIC_CLASSES.map(c => [field(className(c) + ' priority', el('input', { name: 'prio_' + c, type: 'number', value: p[className(c)] ?? '', placeholder: 'default', size: 6 })),
+    TRAFFIC_CLASSES.flatMap(c => [field(className(c) + ' priority', el('input', { name: 'prio_' + c, type: 'number', value: p[className(c)] ?? '', placeholder: 'default', size: 6 })),
       field(className(c) + ' queue max', n('qlen_' + c, (q[c] || {}).maxLength, 'default')), field(className(c) + ' queue timeout ms', n('qto_' + c, (q[c] || {}).timeoutMs, 'default'))]));
   const msg = el('span', { class: 'error' });
   f.append(el('button', { type: 'submit' }, 'Save'), msg);
