@@ -164,6 +164,7 @@ func TestConsoleRoutingPages(t *testing.T) {
 	// Traffic classes: the demo org has no rule yet; add one.
 	b.page("traffic")
 	require.Contains(t, b.text(`table[data-test="rules"]`), "none")
+	require.NotContains(t, b.text(`#main`), "null", "no missing value is drawn as text")
 	require.Contains(t, b.text(`table[data-test="credential-classes"]`), "agent", "the demo agent key's class")
 	require.Contains(t, b.text(`table[data-test="deployment-admission"]`), "on (interactive 0, agent 10, batch 20)", "the demo pool's priority scheduling")
 	b.do("add a classification rule",
@@ -213,6 +214,7 @@ func TestConsoleRoutingPages(t *testing.T) {
 	require.Contains(t, cls, "batch")
 	require.Contains(t, cls, "rule:0")
 	require.Contains(t, b.text(`table[data-test="trace-model"]`), devModel)
+	require.NotContains(t, b.text(`[data-test="explain-result"]`), "null", "no missing value is drawn as text")
 	require.Equal(t, "2", b.eval(`String(document.querySelectorAll('table[data-test="trace-deployments"] td .ok').length)`), "both demo engines are candidates")
 	require.Contains(t, b.text(`table[data-test="trace-scopes"]`), "org "+st.OrgID, "the org's budget scope")
 	// The parked pool: the parked deployment is filtered by health.

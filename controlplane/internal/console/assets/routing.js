@@ -32,7 +32,7 @@ async function pageTraffic() {
     pick.dataset.test = 'traffic-org';
     const inner = el('div', {});
     pick.addEventListener('change', () => orgTraffic(inner, pick.value));
-    orgBox.replaceChildren(el('h2', {}, 'Org default, demotion and classification rules'), isPlatform() ? el('div', { class: 'toolbar' }, 'org ', pick) : null, inner);
+    orgBox.replaceChildren(...[el('h2', {}, 'Org default, demotion and classification rules'), isPlatform() ? el('div', { class: 'toolbar' }, 'org ', pick) : null, inner].filter(Boolean));
     jobs.push(orgTraffic(inner, orgs.length ? orgs[0].id : myOrg()));
   }
   await Promise.all(jobs);
@@ -332,7 +332,7 @@ async function pageExplain() {
     result.replaceChildren(el('p', { class: 'muted' }, 'asking a data plane…'));
     try {
       const r = await rpc('ExplainService', 'Explain', { region: f.elements.region.value.trim(), query: q });
-      result.replaceChildren(...traceView(r.trace || {}));
+      result.replaceChildren(...traceView(r.trace || {}).filter(Boolean));
     } catch (e) { result.replaceChildren(); msg.textContent = e.message; }
   });
   setMain(el('h1', {}, 'Explain this decision'),
