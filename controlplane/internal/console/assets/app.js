@@ -314,7 +314,8 @@ async function pageModels() {
     table([['id', d => d.id], ['group', d => d.modelGroup], ['api base', d => d.apiBase], ['upstream model', d => d.upstreamModel],
       ['weight', d => d.weight || 0, 'num'], ['max concurrency', d => d.maxConcurrency || '∞', 'num'], ['capabilities', d => caps(d.capabilities)],
       ['prices', d => d.free ? 'free' : price(d.prices)], ['tags', d => (d.tags || []).join(',')], ['credential', d => d.hasCredential ? 'set' : 'none']], deps, { test: 'deployments' }),
-    el('p', { class: 'muted' }, 'Per-instance health of each data plane is on the Fleet page (platform tokens).')];
+    el('p', { class: 'muted' }, isPlatform() ? 'Which deployments each data plane keeps out of rotation is on the Health & queues page.' :
+      'Class-aware admission settings are on the Traffic classes page.')];
   if (isPlatform() && canWrite()) {
     kids.push(el('h2', {}, 'New model group'), submitForm(el('form', { class: 'inline' }, field('name', input('name')), field('description', input('description'))),
       async v => { await rpc('ModelService', 'CreateModelGroup', v); route(); }));
