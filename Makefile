@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 15m
 GOLANGCI_LINT_VERSION := v2.15.0
 LINT_BIN := $(HOME)/.cache/sluice-tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/bin
 
-.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-usage bench-affinity bench-brownout fmt
+.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-usage bench-affinity bench-brownout fmt console-screenshots
 
 all: build
 
@@ -36,6 +36,12 @@ generate: tools
 	PATH="$(TOOLS_BIN):$$PATH" buf generate
 	cd sql && $(TOOLS_BIN)/sqlc generate
 	gofmt -w proto/gen controlplane/internal/store/dbsqlc
+
+## console-screenshots: regenerate docs/console/*.png (one per console page, headless Chromium
+## against a whole `sluice dev` system; listed in docs/console.md).
+console-screenshots: services
+	rm -f docs/console/*.png
+	SLUICE_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(GO) test -count=1 -timeout 10m -run '^(TestConsoleInBrowser|TestConsoleRoutingPages)$$' ./cmd/sluice/
 
 ## services: check/start Postgres, Redis and NATS on this machine (idempotent).
 services:

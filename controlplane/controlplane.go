@@ -308,5 +308,8 @@ func dataPlaneFrom(hb *configv1.Heartbeat) store.DataPlane {
 		}
 		d.Ejected = append(d.Ejected, ej)
 	}
+	for _, b := range hb.GetAdmissionBacklog() {
+		d.Backlog = append(d.Backlog, store.ClassBacklog{TrafficClass: b.GetTrafficClass(), InFlight: b.GetInFlight(), Queued: b.GetQueued(), Shed: b.GetShed()})
+	}
 	return d
 }

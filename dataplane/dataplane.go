@@ -129,7 +129,7 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 	d.sync, err = configsync.New(configsync.Config{
 		Region: cfg.Region, InstanceID: cfg.InstanceID, MaxStaleness: cfg.MaxStaleness,
 		HeartbeatInterval: cfg.HeartbeatInterval, MaxRejecting: cfg.MaxRejecting, InFlight: d.inFlight.Load, Logger: log, Open: credentialOpener(cfg.KEK, log),
-		Ejected:  d.ejected,
+		Ejected: d.ejected, Backlog: d.backlog,
 		OnCreate: d.bootstrap, BeforeFirst: beforeFirst,
 	}, nc)
 	if err != nil {
@@ -330,4 +330,13 @@ func (d *DataPlane) ejected() []*configv1.EjectedDeployment {
 		return nil
 	}
 	return d.proxy.Ejected()
+}
+
+// backlog is the admission backlog per class for the heartbeat (nil
+// before the proxy exists).
+func (d *DataPlane) backlog() []*configv1.AdmissionBacklog {
+	if d.proxy == nil {
+		return nil
+	}
+	return d.proxy.AdmissionBacklog()
 }

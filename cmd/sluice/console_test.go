@@ -326,7 +326,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	require.NoError(t, err)
 	tb := newBrowser(t, st.AdminURL+"/console/")
 	tb.login(teamTok.Msg.Token)
-	require.Equal(t, "overview,orgs,teams,keys,models,alerts,audit,spend",
+	require.Equal(t, "overview,orgs,teams,keys,models,traffic,alerts,audit,spend,requests,explain",
 		tb.eval(`[...document.querySelectorAll('#nav a')].map(a => a.dataset.page).join(',')`), "the pages a team token can use")
 	tb.page("keys")
 	require.Contains(t, tb.text(`table[data-test="keys"]`), alias)

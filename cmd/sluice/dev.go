@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -237,12 +238,23 @@ Try it:
     -H 'Content-Type: application/json' \
     -d '{"model":"%s","messages":[{"role":"user","content":"Hello!"}],"max_tokens":32}'
 
+Agents' protocols, same keys, limits and ledger (docs/protocols.md):
+  /v1/messages   Anthropic Messages: Claude Code, the Anthropic SDKs
+    ANTHROPIC_BASE_URL=%s ANTHROPIC_AUTH_TOKEN=%s \
+      ANTHROPIC_MODEL=%s claude
+    curl -s %s/v1/messages -H 'x-api-key: %s' \
+      -H 'anthropic-version: 2023-06-01' -H 'Content-Type: application/json' \
+      -d '{"model":"%s","max_tokens":32,"messages":[{"role":"user","content":"Hello!"}]}'
+  /v1/responses  OpenAI Responses: Codex-style clients, openai-go client.Responses
+    OPENAI_BASE_URL=%s/v1 OPENAI_API_KEY=%s   (model %q)
+
 Both keys share the pool; the agent key is classed agent, so %d slots of
 each engine stay free for people. A chat staying fast while agents run:
   make dev-load      (12 coding-agent loops on the agent key, chat probes on the human key)
 ============================================================================
 `, adminURL, tokenFile, adminURL, st.ProxyURL, st.Engines[devEngines[0]], st.Engines[devEngines[1]], devModel, natsURL, st.OrgID,
-		st.Keys["human"], st.Keys["agent"], keysNote, *logFile, *stateFile, tokenFile, adminURL, st.ProxyURL, st.Keys["human"], devModel, devReserve)
+		st.Keys["human"], st.Keys["agent"], keysNote, *logFile, *stateFile, tokenFile, adminURL, st.ProxyURL, st.Keys["human"], devModel,
+		st.ProxyURL, st.Keys["agent"], devModel, st.ProxyURL, st.Keys["agent"], devModel, st.ProxyURL, st.Keys["agent"], devModel, devReserve)
 	// Both planes stop before NATS does (deferred above), so the next run
 	// finds its store complete.
 	return g.Wait()
@@ -588,6 +600,15 @@ func seedDemo(ctx context.Context, adminURL, adminToken string, engines map[stri
 // devModel is the model name the demo serves.
 const devModel = "qwen-30b"
 
+// devProtocols are the agent protocols vllm-sim serves besides the OpenAI
+// routes, declared on the demo deployments (docs/protocols.md).
+var devProtocols = []string{"anthropic_messages", "openai_responses"}
+
+// devCapabilities are the demo deployments' capabilities.
+func devCapabilities() *adminv1.Capabilities {
+	return &adminv1.Capabilities{Tools: true, JsonMode: true, MaxInputTokens: 32768, MaxOutputTokens: 4096, Protocols: slices.Clone(devProtocols)}
+}
+
 // The demo pool: two engines of max_num_seqs devEngineSeqs behind one
 // model group, devReserve slots of each kept for interactive requests.
 const (
@@ -630,9 +651,15 @@ func seedModels(ctx context.Context, models adminv1connect.ModelServiceClient, t
 			if d.MaxConcurrency != devEngineSeqs {
 				paths = append(paths, "max_concurrency")
 			}
+			caps := d.Capabilities
+			if !slices.Equal(caps.GetProtocols(), devProtocols) {
+				// A demo seeded before the engines' protocols were declared.
+				caps = proto.Clone(devCapabilities()).(*adminv1.Capabilities)
+				paths = append(paths, "capabilities")
+			}
 			if len(paths) > 0 {
 				if _, err := models.UpdateDeployment(ctx, connect.NewRequest(&adminv1.UpdateDeploymentRequest{
-					Deployment: &adminv1.Deployment{Id: d.Id, ApiBase: apiBase, MaxConcurrency: devEngineSeqs},
+					Deployment: &adminv1.Deployment{Id: d.Id, ApiBase: apiBase, MaxConcurrency: devEngineSeqs, Capabilities: caps},
 					UpdateMask: &fieldmaskpb.FieldMask{Paths: paths},
 				})); err != nil {
 					return moved, err
@@ -641,7 +668,7 @@ func seedModels(ctx context.Context, models adminv1connect.ModelServiceClient, t
 		} else {
 			r, err := models.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{
 				ModelGroup: group, ApiBase: apiBase, UpstreamModel: vllmsim.DefaultModel, Weight: 1, MaxConcurrency: devEngineSeqs,
-				Capabilities: &adminv1.Capabilities{Tools: true, JsonMode: true, MaxInputTokens: 32768, MaxOutputTokens: 4096},
+				Capabilities: devCapabilities(),
 				Prices:       &adminv1.Prices{InputPerToken: 0.0000002, OutputPerToken: 0.0000006},
 			}))
 			if err != nil {

@@ -65,6 +65,15 @@ const (
 		`"choices":[{"index":0,"message":{"role":"assistant","content":"A lighthouse keeper guards a remote coast and ` +
 		`slowly learns that the light matters less than the people it brings home. In the end he leaves the tower ` +
 		`to one of them."},"finish_reason":"stop"}],"usage":{"prompt_tokens":42,"completion_tokens":38,"total_tokens":80}}`
+	// The same exchange in Anthropic Messages (docs/protocols.md): the same
+	// prompt and answer, the same token counts.
+	benchMessagesBody = `{"model":"bench","system":"You are a helpful assistant.","messages":[` +
+		`{"role":"user","content":"Summarise the plot of a short novel about a lighthouse keeper in two sentences."}],` +
+		`"max_tokens":128,"temperature":0.7}`
+	benchMessage = `{"id":"msg_bench","type":"message","role":"assistant","model":"bench-upstream",` +
+		`"content":[{"type":"text","text":"A lighthouse keeper guards a remote coast and ` +
+		`slowly learns that the light matters less than the people it brings home. In the end he leaves the tower ` +
+		`to one of them."}],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":42,"output_tokens":38}}`
 	benchStreamChunks = 32
 	benchSeq          = 2000            // requests per path at concurrency 1
 	benchLoad         = 3 * time.Second // duration per path at concurrency 64
@@ -88,6 +97,10 @@ func benchUpstream(gap time.Duration) http.Handler {
 				break
 			}
 		}
+		if strings.HasSuffix(r.URL.Path, "/messages") {
+			benchMessages(w, strings.Contains(string(buf[:n]), `"stream":true`), gap)
+			return
+		}
 		if !strings.Contains(string(buf[:n]), `"stream":true`) {
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Content-Length", strconv.Itoa(len(benchCompletion)))
@@ -110,10 +123,56 @@ func benchUpstream(gap time.Duration) http.Handler {
 	})
 }
 
+// benchMessages answers an Anthropic Messages request: benchMessage, or
+// a stream of Anthropic's events whose text deltas carry their send time
+// like the chat chunks (usage in message_start and message_delta).
+func benchMessages(w http.ResponseWriter, stream bool, gap time.Duration) {
+	if !stream {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(benchMessage)))
+		_, _ = w.Write([]byte(benchMessage))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fl := w.(http.Flusher)
+	fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_bench\",\"type\":\"message\",\"role\":\"assistant\","+
+		"\"model\":\"m\",\"content\":[],\"stop_reason\":null,\"usage\":{\"input_tokens\":42,\"output_tokens\":1}}}\n\n"+
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n")
+	fl.Flush()
+	for i := range benchStreamChunks {
+		if i > 0 && gap > 0 {
+			time.Sleep(gap)
+		}
+		fmt.Fprintf(w, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"tok%d \"},\"sent\":%d}\n\n",
+			i, time.Now().UnixNano())
+		fl.Flush()
+	}
+	fmt.Fprintf(w, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"+
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":%d}}\n\n"+
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", benchStreamChunks)
+	fl.Flush()
+}
+
 type benchPath struct {
 	name string
-	url  string // chat completions URL
+	url  string // chat completions (or messages) URL
 	tok  string
+	body string // request body; empty: benchChatBody
+}
+
+// protocolHeaders adds what an Anthropic client sends on a Messages path.
+func (p benchPath) protocolHeaders(req *http.Request) {
+	if strings.HasSuffix(p.url, "/v1/messages") {
+		req.Header.Set("Anthropic-Version", "2023-06-01")
+	}
+}
+
+// reqBody is the path's request body.
+func (p benchPath) reqBody() string {
+	if p.body == "" {
+		return benchChatBody
+	}
+	return p.body
 }
 
 func benchClient() *http.Client {
@@ -123,6 +182,7 @@ func benchClient() *http.Client {
 func doChat(c *http.Client, p benchPath, body string) error {
 	req, _ := http.NewRequest(http.MethodPost, p.url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	p.protocolHeaders(req)
 	if p.tok != "" {
 		req.Header.Set("Authorization", "Bearer "+p.tok)
 	}
@@ -146,9 +206,10 @@ func doChat(c *http.Client, p benchPath, body string) error {
 // stream reads one stream and returns the time to its first chunk and
 // the mean relay delay of its chunks (arrival − upstream send time).
 func doStream(c *http.Client, p benchPath) (ttfc, meanDelay time.Duration, err error) {
-	body := strings.Replace(benchChatBody, `"max_tokens":128`, `"max_tokens":128,"stream":true`, 1)
+	body := strings.Replace(p.reqBody(), `"max_tokens":128`, `"max_tokens":128,"stream":true`, 1)
 	start := time.Now()
 	req, _ := http.NewRequest(http.MethodPost, p.url, strings.NewReader(body))
+	p.protocolHeaders(req)
 	if p.tok != "" {
 		req.Header.Set("Authorization", "Bearer "+p.tok)
 	}
@@ -190,12 +251,12 @@ func measure(tb testing.TB, p benchPath, infra func() infraCPU, settle func()) b
 	settle()
 	c := benchClient()
 	for range 200 { // warm connections and caches
-		require.NoError(tb, doChat(c, p, benchChatBody))
+		require.NoError(tb, doChat(c, p, p.reqBody()))
 	}
 	lat := make([]time.Duration, 0, benchSeq)
 	for range benchSeq {
 		t0 := time.Now()
-		require.NoError(tb, doChat(c, p, benchChatBody))
+		require.NoError(tb, doChat(c, p, p.reqBody()))
 		lat = append(lat, time.Since(t0))
 	}
 	r.p50, r.p99 = harness.Percentile(lat, 50), harness.Percentile(lat, 99)
@@ -210,7 +271,7 @@ func measure(tb testing.TB, p benchPath, infra func() infraCPU, settle func()) b
 	for range benchConcurrency {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if err := doChat(c, p, benchChatBody); err != nil {
+				if err := doChat(c, p, p.reqBody()); err != nil {
 					failed.Store(err)
 					return
 				}
@@ -440,7 +501,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	require.NoError(b, err)
 	_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "bench",
 		ApiBase: up.URL + "/v1", UpstreamModel: "bench-upstream", Weight: 1,
-		Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 2e-6}}))
+		Capabilities: &adminv1.Capabilities{Protocols: []string{"anthropic_messages"}},
+		Prices:       &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 2e-6}}))
 	require.NoError(b, err)
 	ten := d.NewTenant("bench")
 	p := d.StartProxy("default", time.Minute)
@@ -458,6 +520,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		{name: "direct", url: up.URL + "/v1/chat/completions"},
 		{name: "reverseproxy", url: rps.URL + "/v1/chat/completions"},
 		{name: "sluice", url: p.URL + "/v1/chat/completions", tok: ten.Token},
+		// The same exchange over Anthropic Messages (issue 16): its
+		// overhead is compared with chat's in the same run.
+		{name: "direct-messages", url: up.URL + "/v1/messages", body: benchMessagesBody},
+		{name: "sluice-messages", url: p.URL + "/v1/messages", tok: ten.Token, body: benchMessagesBody},
 	}
 	rounds := 1
 	if v, err := strconv.Atoi(os.Getenv("SLUICE_BENCH_ROUNDS")); err == nil && v > 0 {
@@ -491,7 +557,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			for _, path := range paths {
 				r := measure(b, path, infra, settle)
 				all[path.name] = append(all[path.name], r)
-				if path.name == "sluice" {
+				if path.tok != "" { // through Sluice: one usage event each
 					sluiceRequests += r.requests
 				}
 			}
@@ -529,6 +595,9 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 	}
 	dir, rpr, sl := fig("direct"), fig("reverseproxy"), fig("sluice")
+	dirMsg, slMsg := fig("direct-messages"), fig("sluice-messages")
+	figs := map[string]benchResult{"direct": dir, "reverseproxy": rpr, "sluice": sl, "direct-messages": dirMsg, "sluice-messages": slMsg}
+	base := map[string]benchResult{"direct": dir, "reverseproxy": dir, "sluice": dir, "direct-messages": dirMsg, "sluice-messages": dirMsg}
 	cut := map[string]int{}
 	for n, rs := range all {
 		for _, r := range rs {
@@ -539,10 +608,10 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\n%d round(s); medians over rounds; NATS and control plane at nice %d\n", rounds, infraNice())
 	fmt.Fprintf(&sb, "| path | p50 (c=1) | p99 (c=1) | added p50 | added p99 | req/s (c=64) | CPU/req (bench process) | TTFC p50 | added TTFC p50 | chunk relay delay | NATS / control plane / Postgres CPU/req |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, n := range []string{"direct", "reverseproxy", "sluice"} {
-		r := map[string]benchResult{"direct": dir, "reverseproxy": rpr, "sluice": sl}[n]
-		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.0f | %s | %s | %s | %s | %s / %s / %s |\n", n, us(r.p50), us(r.p99), us(r.p50-dir.p50), us(r.p99-dir.p99),
-			r.rps, us(r.cpuPerReq), us(r.ttfc50), us(r.ttfc50-dir.ttfc50), us(r.chunkDelay),
+	for _, n := range []string{"direct", "reverseproxy", "sluice", "direct-messages", "sluice-messages"} {
+		r, d := figs[n], base[n] // added figures are against the direct path of the same protocol
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s | %s | %.0f | %s | %s | %s | %s | %s / %s / %s |\n", n, us(r.p50), us(r.p99), us(r.p50-d.p50), us(r.p99-d.p99),
+			r.rps, us(r.cpuPerReq), us(r.ttfc50), us(r.ttfc50-d.ttfc50), us(r.chunkDelay),
 			us(r.infraPerReq.nats), us(r.infraPerReq.control), us(r.infraPerReq.postgres))
 	}
 	fmt.Fprintf(&sb, "sluice/reverseproxy: throughput %.2f× (target ≥ 0.9), added p50 %.2f× (target ≤ 1.2), added CPU/req %.2f×, added TTFC %.2f×, added chunk delay %s vs %s\n",
@@ -550,20 +619,29 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		float64(sl.cpuPerReq-dir.cpuPerReq)/float64(rpr.cpuPerReq-dir.cpuPerReq),
 		float64(sl.ttfc50-dir.ttfc50)/float64(rpr.ttfc50-dir.ttfc50),
 		us(sl.chunkDelay-dir.chunkDelay), us(rpr.chunkDelay-dir.chunkDelay))
+	msgAddedP50 := float64(slMsg.p50-dirMsg.p50) / float64(sl.p50-dir.p50)
+	fmt.Fprintf(&sb, "sluice messages/chat: added p50 %.2f× (target ≤ 1.05), throughput %.2f× (target ≥ 0.95), added CPU/req %.2f×, added TTFC %.2f×, added chunk delay %s vs %s\n",
+		msgAddedP50, slMsg.rps/sl.rps, float64(slMsg.cpuPerReq-dirMsg.cpuPerReq)/float64(sl.cpuPerReq-dir.cpuPerReq),
+		float64(slMsg.ttfc50-dirMsg.ttfc50)/float64(sl.ttfc50-dir.ttfc50), us(slMsg.chunkDelay-dirMsg.chunkDelay), us(sl.chunkDelay-dir.chunkDelay))
 	for i := range rounds * b.N {
 		d, r, s := all["direct"][i], all["reverseproxy"][i], all["sluice"][i]
-		fmt.Fprintf(&sb, "round %d: added p50 reverseproxy %s sluice %s (%.2f×); req/s reverseproxy %.0f sluice %.0f (%.2f×)\n", i+1,
-			us(r.p50-d.p50), us(s.p50-d.p50), float64(s.p50-d.p50)/float64(r.p50-d.p50), r.rps, s.rps, s.rps/r.rps)
+		dm, sm := all["direct-messages"][i], all["sluice-messages"][i]
+		fmt.Fprintf(&sb, "round %d: added p50 reverseproxy %s sluice %s (%.2f×) messages %s (%.2f× chat); req/s reverseproxy %.0f sluice %.0f (%.2f×) messages %.0f (%.2f× chat)\n", i+1,
+			us(r.p50-d.p50), us(s.p50-d.p50), float64(s.p50-d.p50)/float64(r.p50-d.p50), us(sm.p50-dm.p50), float64(sm.p50-dm.p50)/float64(s.p50-d.p50),
+			r.rps, s.rps, s.rps/r.rps, sm.rps, sm.rps/s.rps)
 	}
-	fmt.Fprintf(&sb, "streams cut and repeated: direct %d, reverseproxy %d, sluice %d (of %d each per round)\n",
-		cut["direct"], cut["reverseproxy"], cut["sluice"], benchStreamSeq)
+	fmt.Fprintf(&sb, "streams cut and repeated: direct %d, reverseproxy %d, sluice %d, direct-messages %d, sluice-messages %d (of %d each per round)\n",
+		cut["direct"], cut["reverseproxy"], cut["sluice"], cut["direct-messages"], cut["sluice-messages"], benchStreamSeq)
 	fmt.Fprintf(&sb, "ledger: %d usage events, all %d in spend_logs; consumer backlog drained %s after the last measurement\n",
 		sluiceRequests, rows, backlog.Round(time.Millisecond))
 	require.Zero(b, cut["sluice"], "Sluice cut a stream")
+	require.Zero(b, cut["sluice-messages"], "Sluice cut a Messages stream")
 	b.Log(sb.String())
 	b.ReportMetric(sl.rps/rpr.rps, "throughput_ratio")
 	b.ReportMetric(float64(sl.p50-dir.p50)/float64(rpr.p50-dir.p50), "added_p50_ratio")
 	b.ReportMetric(float64(sl.p50-dir.p50)/float64(time.Microsecond), "sluice_added_p50_us")
 	b.ReportMetric(float64(sl.p99-dir.p99)/float64(time.Microsecond), "sluice_added_p99_us")
 	b.ReportMetric(float64(sl.chunkDelay-dir.chunkDelay)/float64(time.Microsecond), "sluice_added_chunk_delay_us")
+	b.ReportMetric(msgAddedP50, "messages_added_p50_ratio")
+	b.ReportMetric(slMsg.rps/sl.rps, "messages_throughput_ratio")
 }

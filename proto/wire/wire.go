@@ -58,6 +58,10 @@
 //	  the proxy flags apply); older control planes' snapshots lack them.
 //	  Heartbeat.ejected (180) is ignored by older control planes and absent
 //	  from older data planes' heartbeats.
+//	2026-12-01: Heartbeat.admission_backlog (450: per traffic class, in
+//	  flight, queued and shed; the fleet view and the console's Health &
+//	  queues page) is ignored by older control planes and absent from
+//	  older data planes' heartbeats (the fleet view shows no backlog).
 //
 // Usage messages (not snapshots) have their own encodings, named by
 // UsageEncodingHeader:

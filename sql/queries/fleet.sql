@@ -3,15 +3,15 @@
 
 -- name: DataPlaneUpsert :exec
 INSERT INTO data_planes (instance_id, region, applied_version, events_seq, region_seq, health,
-                         in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected)
+                         in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected, admission_backlog)
 VALUES (@instance_id, @region, @applied_version, @events_seq, @region_seq, @health,
-        @in_flight, @staleness_seconds, @rejected, @last_seen, @rejecting, @ejected)
+        @in_flight, @staleness_seconds, @rejected, @last_seen, @rejecting, @ejected, @admission_backlog)
 ON CONFLICT (instance_id) DO UPDATE
 SET region = EXCLUDED.region, applied_version = EXCLUDED.applied_version,
     events_seq = EXCLUDED.events_seq, region_seq = EXCLUDED.region_seq, health = EXCLUDED.health,
     in_flight = EXCLUDED.in_flight, staleness_seconds = EXCLUDED.staleness_seconds,
     rejected = EXCLUDED.rejected, last_seen = EXCLUDED.last_seen, rejecting = EXCLUDED.rejecting,
-    ejected = EXCLUDED.ejected;
+    ejected = EXCLUDED.ejected, admission_backlog = EXCLUDED.admission_backlog;
 
 -- name: DataPlaneList :many
 SELECT * FROM data_planes

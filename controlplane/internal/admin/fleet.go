@@ -75,6 +75,11 @@ func dataPlaneToProto(d store.DataPlane, now time.Time) *adminv1.DataPlane {
 		}
 		out.EjectedDeployments = append(out.EjectedDeployments, ej)
 	}
+	for _, b := range d.Backlog {
+		out.AdmissionBacklog = append(out.AdmissionBacklog, &adminv1.AdmissionBacklog{
+			TrafficClass: b.TrafficClass, InFlight: b.InFlight, Queued: b.Queued, Shed: b.Shed,
+		})
+	}
 	if r := d.Rejecting; r != nil {
 		out.Rejecting = &adminv1.Rejecting{Version: r.Version, RunningVersion: r.RunningVersion, Reason: r.Reason,
 			Since: timestamppb.New(r.Since), PastBound: r.PastBound}

@@ -360,6 +360,7 @@ func TestListDataPlanes(t *testing.T) {
 		InstanceID: "dp-b", Region: "default", AppliedVersion: 3, EventsSeq: 30, RegionSeq: 300, Health: "ok",
 		InFlight: 4, StalenessSeconds: 0.5,
 		Rejected: []store.RejectedSnapshot{{Version: 4, Reason: "digest mismatch", Time: rejectedAt}},
+		Backlog:  []store.ClassBacklog{{TrafficClass: "interactive", InFlight: 2}, {TrafficClass: "agent", InFlight: 6, Queued: 3, Shed: 2}},
 		// LastSeen is the store's clock, whatever the caller passes.
 		LastSeen: time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC),
 	}))
@@ -374,6 +375,9 @@ func TestListDataPlanes(t *testing.T) {
 		{InstanceID: "x", Region: "Not A Region"},
 		{InstanceID: "x", Region: "default", AppliedVersion: 1 << 63},
 		{InstanceID: "x", Region: "default", Rejected: make([]store.RejectedSnapshot, 33)},
+		{InstanceID: "x", Region: "default", Backlog: make([]store.ClassBacklog, 17)},
+		{InstanceID: "x", Region: "default", Backlog: []store.ClassBacklog{{TrafficClass: "agent", Queued: -1}}},
+		{InstanceID: "x", Region: "default", Backlog: []store.ClassBacklog{{TrafficClass: strings.Repeat("c", 33)}}},
 	} {
 		err := b.store.DataPlaneUpsert(ctx, bad)
 		require.True(t, errors.Is(err, store.ErrBadHeartbeat), "%+v: %v", bad, err)
@@ -386,7 +390,8 @@ func TestListDataPlanes(t *testing.T) {
 		{InstanceId: "dp-a", Region: "default", AppliedVersion: 2, Health: "starting", LastSeen: seen},
 		{InstanceId: "dp-b", Region: "default", AppliedVersion: 3, EventsSeq: 30, Health: "ok", InFlight: 4,
 			StalenessSeconds: 0.5, LastSeen: seen,
-			RejectedSnapshots: []*adminv1.RejectedSnapshot{{Version: 4, Reason: "digest mismatch", Time: timestamppb.New(rejectedAt)}}},
+			RejectedSnapshots: []*adminv1.RejectedSnapshot{{Version: 4, Reason: "digest mismatch", Time: timestamppb.New(rejectedAt)}},
+			AdmissionBacklog:  []*adminv1.AdmissionBacklog{{TrafficClass: "interactive", InFlight: 2}, {TrafficClass: "agent", InFlight: 6, Queued: 3, Shed: 2}}},
 		{InstanceId: "dp-c", Region: "eu", AppliedVersion: 1, Health: "stale", StalenessSeconds: 42, LastSeen: seen},
 	}
 	requireProtoEqual(t, &adminv1.ListDataPlanesResponse{DataPlanes: want}, resp.Msg)

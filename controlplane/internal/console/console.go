@@ -1,4 +1,6 @@
 // Package console serves the web console: static HTML, CSS and JavaScript
+// (app.js: the shell and the tenant pages; routing.js: traffic classes,
+// health and queues, requests and TTFT, explain)
 // embedded in the binary (no build step). The page talks to the admin API
 // of the same origin with Connect JSON over fetch, carrying the pasted
 // admin token as a bearer token, so every read and change is authorised

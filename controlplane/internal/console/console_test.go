@@ -22,7 +22,7 @@ func TestHandler(t *testing.T) {
 	require.Equal(t, http.StatusMovedPermanently, r.Code)
 	require.Equal(t, "/console/", r.Header().Get("Location"))
 
-	for path, ctype := range map[string]string{"/console/": "text/html", "/console/app.js": "text/javascript", "/console/style.css": "text/css"} {
+	for path, ctype := range map[string]string{"/console/": "text/html", "/console/app.js": "text/javascript", "/console/routing.js": "text/javascript", "/console/style.css": "text/css"} {
 		r := get(http.MethodGet, path)
 		require.Equal(t, http.StatusOK, r.Code, path)
 		require.True(t, strings.HasPrefix(r.Header().Get("Content-Type"), ctype), "%s: %s", path, r.Header().Get("Content-Type"))

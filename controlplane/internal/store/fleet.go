@@ -38,6 +38,8 @@ type DataPlane struct {
 	Rejecting *Rejecting
 	// Ejected are the deployments the instance keeps out of rotation.
 	Ejected []EjectedDeployment
+	// Backlog is the instance's admission backlog per traffic class.
+	Backlog []ClassBacklog
 	// LastSeen is when the control plane stored the heartbeat (store
 	// clock); DataPlaneUpsert sets it.
 	LastSeen time.Time
@@ -78,6 +80,16 @@ type EjectedDeployment struct {
 	Until *time.Time `json:"until,omitempty"`
 }
 
+// ClassBacklog is one traffic class's admission backlog on an instance,
+// stored as JSON in data_planes.admission_backlog.
+type ClassBacklog struct {
+	// TrafficClass is "interactive", "agent" or "batch".
+	TrafficClass string `json:"traffic_class"`
+	InFlight     int64  `json:"in_flight"` // requests in flight at deployments
+	Queued       int64  `json:"queued"`    // requests waiting in the admission queues
+	Shed         uint64 `json:"shed"`      // requests shed since the instance started
+}
+
 // Bounds on what one heartbeat may store: heartbeats come from the
 // network, so a broken instance must not grow a row without limit.
 const (
@@ -87,6 +99,9 @@ const (
 	maxRejectReasonLen   = 1000
 	maxEjected           = 1000
 	maxEjectedFieldLen   = 200
+	// There are three traffic classes; the bound leaves room for more.
+	maxBacklogClasses = 16
+	maxClassNameLen   = 32
 )
 
 // ErrBadHeartbeat is wrapped by DataPlaneUpsert's errors for heartbeats it
@@ -113,8 +128,14 @@ func dataPlaneFromRow(r dbsqlc.DataPlane) (DataPlane, error) {
 			return DataPlane{}, fmt.Errorf("decode ejected deployments of data plane %s: %w", r.InstanceID, err)
 		}
 	}
+	bl := []ClassBacklog{}
+	if len(r.AdmissionBacklog) > 0 {
+		if err := json.Unmarshal(r.AdmissionBacklog, &bl); err != nil {
+			return DataPlane{}, fmt.Errorf("decode admission backlog of data plane %s: %w", r.InstanceID, err)
+		}
+	}
 	return DataPlane{
-		Ejected:    ej,
+		Ejected: ej, Backlog: bl,
 		InstanceID: r.InstanceID, Region: r.Region, AppliedVersion: uint64(r.AppliedVersion),
 		EventsSeq: uint64(r.EventsSeq), RegionSeq: uint64(r.RegionSeq), Health: r.Health,
 		InFlight: r.InFlight, StalenessSeconds: r.StalenessSeconds, Rejected: rej, Rejecting: rejecting, LastSeen: r.LastSeen,
@@ -151,8 +172,16 @@ func (s *Store) DataPlaneUpsert(ctx context.Context, d DataPlane) error {
 	if err != nil {
 		return fmt.Errorf("encode ejected deployments: %w", err)
 	}
+	bl := d.Backlog
+	if bl == nil {
+		bl = []ClassBacklog{}
+	}
+	blJSON, err := json.Marshal(bl)
+	if err != nil {
+		return fmt.Errorf("encode admission backlog: %w", err)
+	}
 	err = s.q.DataPlaneUpsert(ctx, s.pool, dbsqlc.DataPlaneUpsertParams{
-		Ejected:    ejJSON,
+		Ejected: ejJSON, AdmissionBacklog: blJSON,
 		InstanceID: d.InstanceID, Region: d.Region, AppliedVersion: int64(d.AppliedVersion),
 		EventsSeq: int64(d.EventsSeq), RegionSeq: int64(d.RegionSeq), Health: d.Health,
 		InFlight: d.InFlight, StalenessSeconds: d.StalenessSeconds, Rejected: rejJSON, LastSeen: s.Now(),
@@ -183,6 +212,13 @@ func checkHeartbeat(d DataPlane) error {
 		return bad("more than %d rejected snapshots", maxRejectedSnapshots)
 	case len(d.Ejected) > maxEjected:
 		return bad("more than %d ejected deployments", maxEjected)
+	case len(d.Backlog) > maxBacklogClasses:
+		return bad("more than %d traffic classes in the admission backlog", maxBacklogClasses)
+	}
+	for _, b := range d.Backlog {
+		if len(b.TrafficClass) > maxClassNameLen || b.InFlight < 0 || b.Queued < 0 || b.Shed > math.MaxInt64 {
+			return bad("an admission backlog entry is out of range (class name over %d bytes or a negative count)", maxClassNameLen)
+		}
 	}
 	for _, e := range d.Ejected {
 		if len(e.DeploymentID) > maxEjectedFieldLen || len(e.ModelGroup) > maxEjectedFieldLen || len(e.Reason) > maxEjectedFieldLen {

@@ -161,6 +161,10 @@ func FuzzStream(f *testing.F) {
 	f.Add([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1}}}\n\n"))
 	f.Add([]byte("data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-3}}\n\n"))
 	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\"}}\n"))
+	f.Add([]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"signature_delta\",\"signature\":\"x\"}}\n\n"))
+	f.Add([]byte("event: ping\ndata: {\"type\":\"ping\"}\n\n"))
+	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"signature\\u005fdelta\"}}\n\n"))
+	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"delta\":\"x\",\"usage\":1}\n\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s Stream
 		for range 2 {
@@ -171,5 +175,32 @@ func FuzzStream(f *testing.F) {
 		if u := BodyUsage(b); u != nil && (u.PromptTokens < 0 || u.CompletionTokens < 0) {
 			t.Fatalf("body usage %+v", u)
 		}
+		// The fast path answers what decoding would.
+		if name, data := fields(b); data != nil {
+			if fast, ok := fastEvent(data); ok {
+				var s2 Stream
+				if slow := s2.decode(string(name), data); fast != slow {
+					t.Fatalf("%q: fast %+v, decoded %+v", b, fast, slow)
+				}
+			}
+		}
 	})
+}
+
+func TestFields(t *testing.T) {
+	ev := []byte("event: message_delta\r\ndata: {\"a\":\ndata: 1}\n\n")
+	orig := string(ev)
+	name, data := fields(ev)
+	if string(name) != "message_delta" || string(data) != "{\"a\":\n1}" {
+		t.Fatalf("name %q data %q", name, data)
+	}
+	if string(ev) != orig {
+		t.Fatalf("fields wrote into the event: %q", ev)
+	}
+	if _, data := fields([]byte("event: ping\n\n")); data != nil {
+		t.Fatalf("no data line: %q", data)
+	}
+	if e := (&Stream{}).Event([]byte("event: message_delta\ndata: {\"type\":\"message_delta\",\ndata: \"usage\":{\"output_tokens\":3}}\n\n")); e.Usage == nil || e.Usage.CompletionTokens != 3 {
+		t.Fatalf("usage over two data lines: %+v", e.Usage)
+	}
 }

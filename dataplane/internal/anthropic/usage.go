@@ -92,6 +92,14 @@ func (s *Stream) Event(ev []byte) openai.Event {
 	if data == nil {
 		return openai.Event{NoData: true}
 	}
+	if e, ok := fastEvent(data); ok {
+		return e
+	}
+	return s.decode(string(name), data)
+}
+
+// decode reads one event by decoding its data.
+func (s *Stream) decode(name string, data []byte) openai.Event {
 	var head struct {
 		Type    string `json:"type"`
 		Message *struct {
@@ -133,9 +141,52 @@ func (s *Stream) Event(ev []byte) openai.Event {
 	return out
 }
 
+var (
+	typeContentBlockDelta = []byte(`"content_block_delta"`)
+	typeSignatureDelta    = []byte(`"signature_delta"`)
+	typePing              = []byte(`"ping"`)
+	typeBlockStart        = []byte(`"content_block_start"`)
+	typeBlockStop         = []byte(`"content_block_stop"`)
+)
+
+// fastEvent reads the events that carry no usage — the text deltas that
+// make up most of a stream, pings, block starts and stops — without
+// decoding them (the answer Event's full decoding would give: a delta
+// has text unless it is a signature_delta; the others say nothing). ok is
+// false for every other event, which Event then decodes.
+func fastEvent(data []byte) (e openai.Event, ok bool) {
+	if !json.Valid(data) {
+		return openai.Event{}, false
+	}
+	typ := openai.MemberValue(data, "type")
+	if typ == nil || openai.MemberValue(data, "usage") != nil || openai.MemberValue(data, "message") != nil {
+		// No type (the event: line names it), or members the decoding
+		// reads (and whose shape it checks): decode.
+		return openai.Event{}, false
+	}
+	switch {
+	case bytes.Equal(typ, typeContentBlockDelta):
+		delta := openai.MemberValue(data, "delta")
+		if len(delta) == 0 || delta[0] != '{' {
+			return openai.Event{}, delta == nil || openai.IsNull(delta)
+		}
+		dt := openai.MemberValue(delta, "type")
+		if bytes.IndexByte(dt, '\\') >= 0 || len(dt) > 0 && dt[0] != '"' && !openai.IsNull(dt) {
+			return openai.Event{}, false // an escaped or non-string type: decode
+		}
+		return openai.Event{Text: !bytes.Equal(dt, typeSignatureDelta)}, true
+	case bytes.Equal(typ, typePing), bytes.Equal(typ, typeBlockStart), bytes.Equal(typ, typeBlockStop):
+		return openai.Event{}, true
+	}
+	return openai.Event{}, false
+}
+
 // fields returns an event's name (its event: line) and data (its data:
-// lines joined by newlines, nil when it has none).
-func fields(ev []byte) (name string, data []byte) {
+// lines joined by newlines, nil when it has none). A single data line is
+// returned as a slice of ev (no copy: nothing keeps it past the event);
+// several are joined in a new buffer.
+func fields(ev []byte) (name []byte, data []byte) {
+	copied := false
 	for len(ev) > 0 {
 		line := ev
 		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
@@ -146,16 +197,19 @@ func fields(ev []byte) (name string, data []byte) {
 		line = bytes.TrimSuffix(line, []byte{'\r'})
 		switch {
 		case bytes.HasPrefix(line, eventPrefix):
-			name = string(bytes.TrimSpace(line[len(eventPrefix):]))
+			name = bytes.TrimSpace(line[len(eventPrefix):])
 		case bytes.HasPrefix(line, dataPrefix):
 			d := line[len(dataPrefix):]
 			if len(d) > 0 && d[0] == ' ' {
 				d = d[1:]
 			}
-			if data != nil {
+			switch {
+			case data == nil:
+				data = d[:len(d):len(d)] // an append must not write into ev
+			case !copied:
+				data, copied = append(append(append(make([]byte, 0, len(data)+1+len(d)), data...), '\n'), d...), true
+			default:
 				data = append(append(data, '\n'), d...)
-			} else {
-				data = append([]byte{}, d...)
 			}
 		}
 	}

@@ -59,6 +59,9 @@ type Config struct {
 	// Ejected, when set, lists the deployments out of rotation for the
 	// heartbeat (the fleet view).
 	Ejected func() []*configv1.EjectedDeployment
+	// Backlog, when set, is the admission backlog per traffic class for
+	// the heartbeat.
+	Backlog func() []*configv1.AdmissionBacklog
 	Logger  *slog.Logger
 	// OnCreate, when set, is called with the org ids and deployment ids an
 	// event or a snapshot replacing the running one creates (absent from
@@ -633,6 +636,9 @@ func (s *Syncer) heartbeatLoop(ctx context.Context) {
 		}
 		if s.cfg.Ejected != nil {
 			hb.Ejected = s.cfg.Ejected()
+		}
+		if s.cfg.Backlog != nil {
+			hb.AdmissionBacklog = s.cfg.Backlog()
 		}
 		if data, err := proto.Marshal(hb); err == nil {
 			_ = s.nc.Publish(wire.HeartbeatSubject(s.cfg.Region, s.cfg.InstanceID), data)

@@ -172,13 +172,15 @@ func TestSnapshotsEventsAndRefusals(t *testing.T) {
 
 // TestHeartbeats: heartbeats carry the instance, its health (starting
 // before the first snapshot, then ok), the applied positions and the
-// refusal in progress.
+// refusal in progress, and the admission backlog per class.
 func TestHeartbeats(t *testing.T) {
 	t.Parallel()
 	b := newBus(t)
 	hbs, err := b.nc.SubscribeSync(wire.HeartbeatSubject(region, "dp-test"))
 	require.NoError(t, err)
-	s := b.run(Config{HeartbeatInterval: 20 * time.Millisecond, InFlight: func() int64 { return 7 }})
+	backlog := []*configv1.AdmissionBacklog{{TrafficClass: "interactive", InFlight: 1}, {TrafficClass: "agent", InFlight: 6, Queued: 3, Shed: 2}}
+	s := b.run(Config{HeartbeatInterval: 20 * time.Millisecond, InFlight: func() int64 { return 7 },
+		Backlog: func() []*configv1.AdmissionBacklog { return backlog }})
 
 	next := func() *configv1.Heartbeat {
 		t.Helper()
@@ -193,6 +195,7 @@ func TestHeartbeats(t *testing.T) {
 	require.Equal(t, "dp-test", first.GetInstanceId())
 	require.Equal(t, region, first.GetRegion())
 	require.EqualValues(t, 7, first.GetInFlight())
+	require.Empty(t, cmp.Diff(backlog, first.GetAdmissionBacklog(), protocmp.Transform()))
 
 	b.point(b.snapshot(3, 9, 0, "o1"))
 	testsvc.Eventually(t, s.Ready, 10*time.Second, 5*time.Millisecond)

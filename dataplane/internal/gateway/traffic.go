@@ -178,3 +178,16 @@ func (h *Handler) backlog(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(h.queues.Backlog())
 }
+
+// AdmissionBacklog is the backlog of GET /health/backlog for the
+// heartbeat: one entry per traffic class, in priority order.
+func (h *Handler) AdmissionBacklog() []*configv1.AdmissionBacklog {
+	b := h.queues.Backlog()
+	out := make([]*configv1.AdmissionBacklog, 0, len(admission.Classes))
+	for _, c := range admission.Classes {
+		name := classify.Name(c)
+		cb := b.Classes[name]
+		out = append(out, &configv1.AdmissionBacklog{TrafficClass: name, InFlight: cb.InFlight, Queued: cb.Queued, Shed: cb.Rejected})
+	}
+	return out
+}

@@ -296,6 +296,13 @@ func TestAdmissionQueue(t *testing.T) {
 	r.Body.Close()
 	require.Contains(t, string(b), `"agent":{"in_flight":0,"queued":0,"rejected":3}`)
 	require.NotContains(t, string(b), "o1")
+	// The heartbeat carries the same figures, one entry per class in
+	// priority order.
+	hb := other.h.AdmissionBacklog()
+	require.Len(t, hb, 3)
+	require.Equal(t, []string{"interactive", "agent", "batch"}, []string{hb[0].TrafficClass, hb[1].TrafficClass, hb[2].TrafficClass})
+	require.Equal(t, uint64(3), hb[1].Shed)
+	require.Zero(t, hb[1].Queued)
 }
 
 // TestFairShareBetweenTeams: two agent teams on one engine, both

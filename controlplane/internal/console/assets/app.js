@@ -147,10 +147,14 @@ const PAGES = [
   ['keys', 'Keys', () => true, pageKeys],
   ['customers', 'End customers', () => !isTeam(), pageCustomers],
   ['models', 'Models', () => true, pageModels],
+  ['traffic', 'Traffic classes', () => true, pageTraffic],
+  ['health', 'Health & queues', () => isPlatform(), pageHealth],
   ['fleet', 'Fleet & rollout', () => isPlatform(), pageFleet],
   ['alerts', 'Alerts', () => true, pageAlerts],
   ['audit', 'Audit log', () => true, pageAudit],
   ['spend', 'Spend', () => true, pageSpend],
+  ['requests', 'Requests & TTFT', () => true, pageRequests],
+  ['explain', 'Explain', () => true, pageExplain],
 ];
 
 async function pageOverview() {
@@ -310,7 +314,8 @@ async function pageModels() {
     table([['id', d => d.id], ['group', d => d.modelGroup], ['api base', d => d.apiBase], ['upstream model', d => d.upstreamModel],
       ['weight', d => d.weight || 0, 'num'], ['max concurrency', d => d.maxConcurrency || '∞', 'num'], ['capabilities', d => caps(d.capabilities)],
       ['prices', d => d.free ? 'free' : price(d.prices)], ['tags', d => (d.tags || []).join(',')], ['credential', d => d.hasCredential ? 'set' : 'none']], deps, { test: 'deployments' }),
-    el('p', { class: 'muted' }, 'Per-instance health of each data plane is on the Fleet page (platform tokens).')];
+    el('p', { class: 'muted' }, isPlatform() ? 'Which deployments each data plane keeps out of rotation is on the Health & queues page.' :
+      'Class-aware admission settings are on the Traffic classes page.')];
   if (isPlatform() && canWrite()) {
     kids.push(el('h2', {}, 'New model group'), submitForm(el('form', { class: 'inline' }, field('name', input('name')), field('description', input('description'))),
       async v => { await rpc('ModelService', 'CreateModelGroup', v); route(); }));
@@ -407,7 +412,8 @@ function dayKey(t) { return new Date(t).toISOString().slice(0, 10); }
 function lastDays(n) { const out = []; const now = Date.now(); for (let i = n - 1; i >= 0; i--) out.push(dayKey(now - i * 86400000)); return out; }
 
 // stackedBars draws one bar per day, stacked by series (top 7 + other).
-function stackedBars(title, days, series, fmt, test) {
+function stackedBars(title, days, series, fmt, test, label) {
+  label = label || (d => d.slice(5));
   const names = Object.keys(series).sort((a, b) => total(series[b]) - total(series[a]));
   let shown = names.slice(0, 7);
   const merged = {};
@@ -435,7 +441,7 @@ function stackedBars(title, days, series, fmt, test) {
       g.append(svg('rect', { x: L + i * bw + 2, y: y, width: Math.max(1, bw - 4), height: h, fill: COLORS[j % COLORS.length], 'data-series': n },
         svg('title', {}, d + ' ' + n + ': ' + fmt(v))));
     });
-    if (days.length <= 16 || i % 2 === 0) g.append(svg('text', { x: L + i * bw + bw / 2, y: H - B + 14, 'text-anchor': 'middle' }, d.slice(5)));
+    if (days.length <= 16 || i % 2 === 0) g.append(svg('text', { x: L + i * bw + bw / 2, y: H - B + 14, 'text-anchor': 'middle' }, label(d)));
   });
   const legend = el('div', { class: 'legend' }, shown.map((n, j) => { const s = el('span', {}, n + ' ' + fmt(total(merged[n]))); s.style.setProperty('--c', COLORS[j % COLORS.length]); return s; }));
   return el('div', {}, el('h2', {}, title), legend, g);

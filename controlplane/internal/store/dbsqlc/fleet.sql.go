@@ -11,7 +11,7 @@ import (
 )
 
 const dataPlaneList = `-- name: DataPlaneList :many
-SELECT instance_id, region, applied_version, events_seq, region_seq, health, in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected FROM data_planes
+SELECT instance_id, region, applied_version, events_seq, region_seq, health, in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected, admission_backlog FROM data_planes
 WHERE ($1::text IS NULL OR region = $1)
 ORDER BY region, instance_id
 `
@@ -38,6 +38,7 @@ func (q *Queries) DataPlaneList(ctx context.Context, db DBTX, region *string) ([
 			&i.LastSeen,
 			&i.Rejecting,
 			&i.Ejected,
+			&i.AdmissionBacklog,
 		); err != nil {
 			return nil, err
 		}
@@ -52,15 +53,15 @@ func (q *Queries) DataPlaneList(ctx context.Context, db DBTX, region *string) ([
 const dataPlaneUpsert = `-- name: DataPlaneUpsert :exec
 
 INSERT INTO data_planes (instance_id, region, applied_version, events_seq, region_seq, health,
-                         in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected)
+                         in_flight, staleness_seconds, rejected, last_seen, rejecting, ejected, admission_backlog)
 VALUES ($1, $2, $3, $4, $5, $6,
-        $7, $8, $9, $10, $11, $12)
+        $7, $8, $9, $10, $11, $12, $13)
 ON CONFLICT (instance_id) DO UPDATE
 SET region = EXCLUDED.region, applied_version = EXCLUDED.applied_version,
     events_seq = EXCLUDED.events_seq, region_seq = EXCLUDED.region_seq, health = EXCLUDED.health,
     in_flight = EXCLUDED.in_flight, staleness_seconds = EXCLUDED.staleness_seconds,
     rejected = EXCLUDED.rejected, last_seen = EXCLUDED.last_seen, rejecting = EXCLUDED.rejecting,
-    ejected = EXCLUDED.ejected
+    ejected = EXCLUDED.ejected, admission_backlog = EXCLUDED.admission_backlog
 `
 
 type DataPlaneUpsertParams struct {
@@ -76,6 +77,7 @@ type DataPlaneUpsertParams struct {
 	LastSeen         time.Time
 	Rejecting        []byte
 	Ejected          []byte
+	AdmissionBacklog []byte
 }
 
 // Data planes: the fleet view, one row per instance from its latest
@@ -94,6 +96,7 @@ func (q *Queries) DataPlaneUpsert(ctx context.Context, db DBTX, arg DataPlaneUps
 		arg.LastSeen,
 		arg.Rejecting,
 		arg.Ejected,
+		arg.AdmissionBacklog,
 	)
 	return err
 }

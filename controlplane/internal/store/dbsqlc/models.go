@@ -141,6 +141,7 @@ type DataPlane struct {
 	LastSeen         time.Time
 	Rejecting        []byte
 	Ejected          []byte
+	AdmissionBacklog []byte
 }
 
 type Deployment struct {

@@ -97,8 +97,12 @@ type DataPlane struct {
 	// Deployments the instance keeps out of rotation right now, as of its
 	// last heartbeat (docs/resilience.md).
 	EjectedDeployments []*EjectedDeployment `protobuf:"bytes,180,rep,name=ejected_deployments,json=ejectedDeployments,proto3" json:"ejected_deployments,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The instance's admission backlog per traffic class, as of its last
+	// heartbeat (docs/traffic.md, "Admission queue"); empty from instances
+	// that do not report it.
+	AdmissionBacklog []*AdmissionBacklog `protobuf:"bytes,450,rep,name=admission_backlog,json=admissionBacklog,proto3" json:"admission_backlog,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *DataPlane) Reset() {
@@ -208,6 +212,87 @@ func (x *DataPlane) GetEjectedDeployments() []*EjectedDeployment {
 	return nil
 }
 
+func (x *DataPlane) GetAdmissionBacklog() []*AdmissionBacklog {
+	if x != nil {
+		return x.AdmissionBacklog
+	}
+	return nil
+}
+
+// AdmissionBacklog is one traffic class's backlog on one instance.
+type AdmissionBacklog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "interactive", "agent" or "batch".
+	TrafficClass string `protobuf:"bytes,1,opt,name=traffic_class,json=trafficClass,proto3" json:"traffic_class,omitempty"`
+	// Requests of the class in flight at deployments.
+	InFlight int64 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Requests of the class waiting in the admission queues.
+	Queued int64 `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
+	// Requests of the class shed by the queues (queue full, timeout) since
+	// the instance started.
+	Shed          uint64 `protobuf:"varint,4,opt,name=shed,proto3" json:"shed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdmissionBacklog) Reset() {
+	*x = AdmissionBacklog{}
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdmissionBacklog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdmissionBacklog) ProtoMessage() {}
+
+func (x *AdmissionBacklog) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdmissionBacklog.ProtoReflect.Descriptor instead.
+func (*AdmissionBacklog) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AdmissionBacklog) GetTrafficClass() string {
+	if x != nil {
+		return x.TrafficClass
+	}
+	return ""
+}
+
+func (x *AdmissionBacklog) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *AdmissionBacklog) GetQueued() int64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *AdmissionBacklog) GetShed() uint64 {
+	if x != nil {
+		return x.Shed
+	}
+	return 0
+}
+
 // EjectedDeployment is a deployment out of one instance's rotation.
 type EjectedDeployment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -224,7 +309,7 @@ type EjectedDeployment struct {
 
 func (x *EjectedDeployment) Reset() {
 	*x = EjectedDeployment{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -236,7 +321,7 @@ func (x *EjectedDeployment) String() string {
 func (*EjectedDeployment) ProtoMessage() {}
 
 func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[1]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -249,7 +334,7 @@ func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EjectedDeployment.ProtoReflect.Descriptor instead.
 func (*EjectedDeployment) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{1}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *EjectedDeployment) GetDeploymentId() string {
@@ -298,7 +383,7 @@ type Rejecting struct {
 
 func (x *Rejecting) Reset() {
 	*x = Rejecting{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +395,7 @@ func (x *Rejecting) String() string {
 func (*Rejecting) ProtoMessage() {}
 
 func (x *Rejecting) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +408,7 @@ func (x *Rejecting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejecting.ProtoReflect.Descriptor instead.
 func (*Rejecting) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{2}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Rejecting) GetVersion() uint64 {
@@ -373,7 +458,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +470,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +483,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{3}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -431,7 +516,7 @@ type ListDataPlanesRequest struct {
 
 func (x *ListDataPlanesRequest) Reset() {
 	*x = ListDataPlanesRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +528,7 @@ func (x *ListDataPlanesRequest) String() string {
 func (*ListDataPlanesRequest) ProtoMessage() {}
 
 func (x *ListDataPlanesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +541,7 @@ func (x *ListDataPlanesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDataPlanesRequest.ProtoReflect.Descriptor instead.
 func (*ListDataPlanesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{4}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListDataPlanesRequest) GetRegion() string {
@@ -475,7 +560,7 @@ type ListDataPlanesResponse struct {
 
 func (x *ListDataPlanesResponse) Reset() {
 	*x = ListDataPlanesResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +572,7 @@ func (x *ListDataPlanesResponse) String() string {
 func (*ListDataPlanesResponse) ProtoMessage() {}
 
 func (x *ListDataPlanesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +585,7 @@ func (x *ListDataPlanesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDataPlanesResponse.ProtoReflect.Descriptor instead.
 func (*ListDataPlanesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{5}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListDataPlanesResponse) GetDataPlanes() []*DataPlane {
@@ -524,7 +609,7 @@ type Region struct {
 
 func (x *Region) Reset() {
 	*x = Region{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +621,7 @@ func (x *Region) String() string {
 func (*Region) ProtoMessage() {}
 
 func (x *Region) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +634,7 @@ func (x *Region) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Region.ProtoReflect.Descriptor instead.
 func (*Region) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{6}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Region) GetName() string {
@@ -594,7 +679,7 @@ type ConfigVersion struct {
 
 func (x *ConfigVersion) Reset() {
 	*x = ConfigVersion{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -606,7 +691,7 @@ func (x *ConfigVersion) String() string {
 func (*ConfigVersion) ProtoMessage() {}
 
 func (x *ConfigVersion) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -619,7 +704,7 @@ func (x *ConfigVersion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigVersion.ProtoReflect.Descriptor instead.
 func (*ConfigVersion) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{7}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigVersion) GetVersion() uint64 {
@@ -667,7 +752,7 @@ type UpsertRegionRequest struct {
 
 func (x *UpsertRegionRequest) Reset() {
 	*x = UpsertRegionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +764,7 @@ func (x *UpsertRegionRequest) String() string {
 func (*UpsertRegionRequest) ProtoMessage() {}
 
 func (x *UpsertRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +777,7 @@ func (x *UpsertRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertRegionRequest.ProtoReflect.Descriptor instead.
 func (*UpsertRegionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{8}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *UpsertRegionRequest) GetName() string {
@@ -718,7 +803,7 @@ type UpsertRegionResponse struct {
 
 func (x *UpsertRegionResponse) Reset() {
 	*x = UpsertRegionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +815,7 @@ func (x *UpsertRegionResponse) String() string {
 func (*UpsertRegionResponse) ProtoMessage() {}
 
 func (x *UpsertRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +828,7 @@ func (x *UpsertRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertRegionResponse.ProtoReflect.Descriptor instead.
 func (*UpsertRegionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{9}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpsertRegionResponse) GetRegion() *Region {
@@ -761,7 +846,7 @@ type GetRolloutStatusRequest struct {
 
 func (x *GetRolloutStatusRequest) Reset() {
 	*x = GetRolloutStatusRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +858,7 @@ func (x *GetRolloutStatusRequest) String() string {
 func (*GetRolloutStatusRequest) ProtoMessage() {}
 
 func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +871,7 @@ func (x *GetRolloutStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusRequest.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{10}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
 }
 
 type RegionStatus struct {
@@ -800,7 +885,7 @@ type RegionStatus struct {
 
 func (x *RegionStatus) Reset() {
 	*x = RegionStatus{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +897,7 @@ func (x *RegionStatus) String() string {
 func (*RegionStatus) ProtoMessage() {}
 
 func (x *RegionStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +910,7 @@ func (x *RegionStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionStatus.ProtoReflect.Descriptor instead.
 func (*RegionStatus) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{11}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegionStatus) GetRegion() *Region {
@@ -856,7 +941,7 @@ type GetRolloutStatusResponse struct {
 
 func (x *GetRolloutStatusResponse) Reset() {
 	*x = GetRolloutStatusResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +953,7 @@ func (x *GetRolloutStatusResponse) String() string {
 func (*GetRolloutStatusResponse) ProtoMessage() {}
 
 func (x *GetRolloutStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +966,7 @@ func (x *GetRolloutStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRolloutStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetRolloutStatusResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{12}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetRolloutStatusResponse) GetLatest() *ConfigVersion {
@@ -930,7 +1015,7 @@ type DistributionEpoch struct {
 
 func (x *DistributionEpoch) Reset() {
 	*x = DistributionEpoch{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1027,7 @@ func (x *DistributionEpoch) String() string {
 func (*DistributionEpoch) ProtoMessage() {}
 
 func (x *DistributionEpoch) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1040,7 @@ func (x *DistributionEpoch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DistributionEpoch.ProtoReflect.Descriptor instead.
 func (*DistributionEpoch) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{13}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DistributionEpoch) GetEpoch() uint64 {
@@ -1017,7 +1102,7 @@ type PromoteVersionRequest struct {
 
 func (x *PromoteVersionRequest) Reset() {
 	*x = PromoteVersionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1114,7 @@ func (x *PromoteVersionRequest) String() string {
 func (*PromoteVersionRequest) ProtoMessage() {}
 
 func (x *PromoteVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1127,7 @@ func (x *PromoteVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteVersionRequest.ProtoReflect.Descriptor instead.
 func (*PromoteVersionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{14}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PromoteVersionRequest) GetRegion() string {
@@ -1068,7 +1153,7 @@ type PromoteVersionResponse struct {
 
 func (x *PromoteVersionResponse) Reset() {
 	*x = PromoteVersionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1165,7 @@ func (x *PromoteVersionResponse) String() string {
 func (*PromoteVersionResponse) ProtoMessage() {}
 
 func (x *PromoteVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[15]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1178,7 @@ func (x *PromoteVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteVersionResponse.ProtoReflect.Descriptor instead.
 func (*PromoteVersionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{15}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PromoteVersionResponse) GetRegion() *Region {
@@ -1113,7 +1198,7 @@ type RollbackRegionRequest struct {
 
 func (x *RollbackRegionRequest) Reset() {
 	*x = RollbackRegionRequest{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1210,7 @@ func (x *RollbackRegionRequest) String() string {
 func (*RollbackRegionRequest) ProtoMessage() {}
 
 func (x *RollbackRegionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[16]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1223,7 @@ func (x *RollbackRegionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRegionRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRegionRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{16}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RollbackRegionRequest) GetRegion() string {
@@ -1164,7 +1249,7 @@ type RollbackRegionResponse struct {
 
 func (x *RollbackRegionResponse) Reset() {
 	*x = RollbackRegionResponse{}
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1176,7 +1261,7 @@ func (x *RollbackRegionResponse) String() string {
 func (*RollbackRegionResponse) ProtoMessage() {}
 
 func (x *RollbackRegionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[17]
+	mi := &file_sluice_admin_v1_fleet_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1189,7 +1274,7 @@ func (x *RollbackRegionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RollbackRegionResponse.ProtoReflect.Descriptor instead.
 func (*RollbackRegionResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{17}
+	return file_sluice_admin_v1_fleet_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RollbackRegionResponse) GetRegion() *Region {
@@ -1203,7 +1288,7 @@ var File_sluice_admin_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_fleet_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsluice/admin/v1/fleet.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x04\n" +
+	"\x1bsluice/admin/v1/fleet.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x04\n" +
 	"\tDataPlane\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x16\n" +
@@ -1218,7 +1303,13 @@ const file_sluice_admin_v1_fleet_proto_rawDesc = "" +
 	"\x12rejected_snapshots\x18\t \x03(\v2!.sluice.admin.v1.RejectedSnapshotR\x11rejectedSnapshots\x128\n" +
 	"\trejecting\x18\n" +
 	" \x01(\v2\x1a.sluice.admin.v1.RejectingR\trejecting\x12T\n" +
-	"\x13ejected_deployments\x18\xb4\x01 \x03(\v2\".sluice.admin.v1.EjectedDeploymentR\x12ejectedDeployments\"\xa3\x01\n" +
+	"\x13ejected_deployments\x18\xb4\x01 \x03(\v2\".sluice.admin.v1.EjectedDeploymentR\x12ejectedDeployments\x12O\n" +
+	"\x11admission_backlog\x18\xc2\x03 \x03(\v2!.sluice.admin.v1.AdmissionBacklogR\x10admissionBacklog\"\x80\x01\n" +
+	"\x10AdmissionBacklog\x12#\n" +
+	"\rtraffic_class\x18\x01 \x01(\tR\ftrafficClass\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x16\n" +
+	"\x06queued\x18\x03 \x01(\x03R\x06queued\x12\x12\n" +
+	"\x04shed\x18\x04 \x01(\x04R\x04shed\"\xa3\x01\n" +
 	"\x11EjectedDeployment\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1f\n" +
 	"\vmodel_group\x18\x02 \x01(\tR\n" +
@@ -1314,66 +1405,68 @@ func file_sluice_admin_v1_fleet_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_admin_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_sluice_admin_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_sluice_admin_v1_fleet_proto_goTypes = []any{
 	(RolloutPolicy)(0),               // 0: sluice.admin.v1.RolloutPolicy
 	(*DataPlane)(nil),                // 1: sluice.admin.v1.DataPlane
-	(*EjectedDeployment)(nil),        // 2: sluice.admin.v1.EjectedDeployment
-	(*Rejecting)(nil),                // 3: sluice.admin.v1.Rejecting
-	(*RejectedSnapshot)(nil),         // 4: sluice.admin.v1.RejectedSnapshot
-	(*ListDataPlanesRequest)(nil),    // 5: sluice.admin.v1.ListDataPlanesRequest
-	(*ListDataPlanesResponse)(nil),   // 6: sluice.admin.v1.ListDataPlanesResponse
-	(*Region)(nil),                   // 7: sluice.admin.v1.Region
-	(*ConfigVersion)(nil),            // 8: sluice.admin.v1.ConfigVersion
-	(*UpsertRegionRequest)(nil),      // 9: sluice.admin.v1.UpsertRegionRequest
-	(*UpsertRegionResponse)(nil),     // 10: sluice.admin.v1.UpsertRegionResponse
-	(*GetRolloutStatusRequest)(nil),  // 11: sluice.admin.v1.GetRolloutStatusRequest
-	(*RegionStatus)(nil),             // 12: sluice.admin.v1.RegionStatus
-	(*GetRolloutStatusResponse)(nil), // 13: sluice.admin.v1.GetRolloutStatusResponse
-	(*DistributionEpoch)(nil),        // 14: sluice.admin.v1.DistributionEpoch
-	(*PromoteVersionRequest)(nil),    // 15: sluice.admin.v1.PromoteVersionRequest
-	(*PromoteVersionResponse)(nil),   // 16: sluice.admin.v1.PromoteVersionResponse
-	(*RollbackRegionRequest)(nil),    // 17: sluice.admin.v1.RollbackRegionRequest
-	(*RollbackRegionResponse)(nil),   // 18: sluice.admin.v1.RollbackRegionResponse
-	(*timestamppb.Timestamp)(nil),    // 19: google.protobuf.Timestamp
+	(*AdmissionBacklog)(nil),         // 2: sluice.admin.v1.AdmissionBacklog
+	(*EjectedDeployment)(nil),        // 3: sluice.admin.v1.EjectedDeployment
+	(*Rejecting)(nil),                // 4: sluice.admin.v1.Rejecting
+	(*RejectedSnapshot)(nil),         // 5: sluice.admin.v1.RejectedSnapshot
+	(*ListDataPlanesRequest)(nil),    // 6: sluice.admin.v1.ListDataPlanesRequest
+	(*ListDataPlanesResponse)(nil),   // 7: sluice.admin.v1.ListDataPlanesResponse
+	(*Region)(nil),                   // 8: sluice.admin.v1.Region
+	(*ConfigVersion)(nil),            // 9: sluice.admin.v1.ConfigVersion
+	(*UpsertRegionRequest)(nil),      // 10: sluice.admin.v1.UpsertRegionRequest
+	(*UpsertRegionResponse)(nil),     // 11: sluice.admin.v1.UpsertRegionResponse
+	(*GetRolloutStatusRequest)(nil),  // 12: sluice.admin.v1.GetRolloutStatusRequest
+	(*RegionStatus)(nil),             // 13: sluice.admin.v1.RegionStatus
+	(*GetRolloutStatusResponse)(nil), // 14: sluice.admin.v1.GetRolloutStatusResponse
+	(*DistributionEpoch)(nil),        // 15: sluice.admin.v1.DistributionEpoch
+	(*PromoteVersionRequest)(nil),    // 16: sluice.admin.v1.PromoteVersionRequest
+	(*PromoteVersionResponse)(nil),   // 17: sluice.admin.v1.PromoteVersionResponse
+	(*RollbackRegionRequest)(nil),    // 18: sluice.admin.v1.RollbackRegionRequest
+	(*RollbackRegionResponse)(nil),   // 19: sluice.admin.v1.RollbackRegionResponse
+	(*timestamppb.Timestamp)(nil),    // 20: google.protobuf.Timestamp
 }
 var file_sluice_admin_v1_fleet_proto_depIdxs = []int32{
-	19, // 0: sluice.admin.v1.DataPlane.last_seen:type_name -> google.protobuf.Timestamp
-	4,  // 1: sluice.admin.v1.DataPlane.rejected_snapshots:type_name -> sluice.admin.v1.RejectedSnapshot
-	3,  // 2: sluice.admin.v1.DataPlane.rejecting:type_name -> sluice.admin.v1.Rejecting
-	2,  // 3: sluice.admin.v1.DataPlane.ejected_deployments:type_name -> sluice.admin.v1.EjectedDeployment
-	19, // 4: sluice.admin.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
-	19, // 5: sluice.admin.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
-	19, // 6: sluice.admin.v1.RejectedSnapshot.time:type_name -> google.protobuf.Timestamp
-	1,  // 7: sluice.admin.v1.ListDataPlanesResponse.data_planes:type_name -> sluice.admin.v1.DataPlane
-	0,  // 8: sluice.admin.v1.Region.policy:type_name -> sluice.admin.v1.RolloutPolicy
-	19, // 9: sluice.admin.v1.Region.update_time:type_name -> google.protobuf.Timestamp
-	19, // 10: sluice.admin.v1.ConfigVersion.create_time:type_name -> google.protobuf.Timestamp
-	0,  // 11: sluice.admin.v1.UpsertRegionRequest.policy:type_name -> sluice.admin.v1.RolloutPolicy
-	7,  // 12: sluice.admin.v1.UpsertRegionResponse.region:type_name -> sluice.admin.v1.Region
-	7,  // 13: sluice.admin.v1.RegionStatus.region:type_name -> sluice.admin.v1.Region
-	1,  // 14: sluice.admin.v1.RegionStatus.data_planes:type_name -> sluice.admin.v1.DataPlane
-	8,  // 15: sluice.admin.v1.GetRolloutStatusResponse.latest:type_name -> sluice.admin.v1.ConfigVersion
-	12, // 16: sluice.admin.v1.GetRolloutStatusResponse.regions:type_name -> sluice.admin.v1.RegionStatus
-	14, // 17: sluice.admin.v1.GetRolloutStatusResponse.epoch:type_name -> sluice.admin.v1.DistributionEpoch
-	19, // 18: sluice.admin.v1.DistributionEpoch.start_time:type_name -> google.protobuf.Timestamp
-	7,  // 19: sluice.admin.v1.PromoteVersionResponse.region:type_name -> sluice.admin.v1.Region
-	7,  // 20: sluice.admin.v1.RollbackRegionResponse.region:type_name -> sluice.admin.v1.Region
-	5,  // 21: sluice.admin.v1.FleetService.ListDataPlanes:input_type -> sluice.admin.v1.ListDataPlanesRequest
-	9,  // 22: sluice.admin.v1.RolloutService.UpsertRegion:input_type -> sluice.admin.v1.UpsertRegionRequest
-	11, // 23: sluice.admin.v1.RolloutService.GetRolloutStatus:input_type -> sluice.admin.v1.GetRolloutStatusRequest
-	15, // 24: sluice.admin.v1.RolloutService.PromoteVersion:input_type -> sluice.admin.v1.PromoteVersionRequest
-	17, // 25: sluice.admin.v1.RolloutService.RollbackRegion:input_type -> sluice.admin.v1.RollbackRegionRequest
-	6,  // 26: sluice.admin.v1.FleetService.ListDataPlanes:output_type -> sluice.admin.v1.ListDataPlanesResponse
-	10, // 27: sluice.admin.v1.RolloutService.UpsertRegion:output_type -> sluice.admin.v1.UpsertRegionResponse
-	13, // 28: sluice.admin.v1.RolloutService.GetRolloutStatus:output_type -> sluice.admin.v1.GetRolloutStatusResponse
-	16, // 29: sluice.admin.v1.RolloutService.PromoteVersion:output_type -> sluice.admin.v1.PromoteVersionResponse
-	18, // 30: sluice.admin.v1.RolloutService.RollbackRegion:output_type -> sluice.admin.v1.RollbackRegionResponse
-	26, // [26:31] is the sub-list for method output_type
-	21, // [21:26] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	20, // 0: sluice.admin.v1.DataPlane.last_seen:type_name -> google.protobuf.Timestamp
+	5,  // 1: sluice.admin.v1.DataPlane.rejected_snapshots:type_name -> sluice.admin.v1.RejectedSnapshot
+	4,  // 2: sluice.admin.v1.DataPlane.rejecting:type_name -> sluice.admin.v1.Rejecting
+	3,  // 3: sluice.admin.v1.DataPlane.ejected_deployments:type_name -> sluice.admin.v1.EjectedDeployment
+	2,  // 4: sluice.admin.v1.DataPlane.admission_backlog:type_name -> sluice.admin.v1.AdmissionBacklog
+	20, // 5: sluice.admin.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	20, // 6: sluice.admin.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	20, // 7: sluice.admin.v1.RejectedSnapshot.time:type_name -> google.protobuf.Timestamp
+	1,  // 8: sluice.admin.v1.ListDataPlanesResponse.data_planes:type_name -> sluice.admin.v1.DataPlane
+	0,  // 9: sluice.admin.v1.Region.policy:type_name -> sluice.admin.v1.RolloutPolicy
+	20, // 10: sluice.admin.v1.Region.update_time:type_name -> google.protobuf.Timestamp
+	20, // 11: sluice.admin.v1.ConfigVersion.create_time:type_name -> google.protobuf.Timestamp
+	0,  // 12: sluice.admin.v1.UpsertRegionRequest.policy:type_name -> sluice.admin.v1.RolloutPolicy
+	8,  // 13: sluice.admin.v1.UpsertRegionResponse.region:type_name -> sluice.admin.v1.Region
+	8,  // 14: sluice.admin.v1.RegionStatus.region:type_name -> sluice.admin.v1.Region
+	1,  // 15: sluice.admin.v1.RegionStatus.data_planes:type_name -> sluice.admin.v1.DataPlane
+	9,  // 16: sluice.admin.v1.GetRolloutStatusResponse.latest:type_name -> sluice.admin.v1.ConfigVersion
+	13, // 17: sluice.admin.v1.GetRolloutStatusResponse.regions:type_name -> sluice.admin.v1.RegionStatus
+	15, // 18: sluice.admin.v1.GetRolloutStatusResponse.epoch:type_name -> sluice.admin.v1.DistributionEpoch
+	20, // 19: sluice.admin.v1.DistributionEpoch.start_time:type_name -> google.protobuf.Timestamp
+	8,  // 20: sluice.admin.v1.PromoteVersionResponse.region:type_name -> sluice.admin.v1.Region
+	8,  // 21: sluice.admin.v1.RollbackRegionResponse.region:type_name -> sluice.admin.v1.Region
+	6,  // 22: sluice.admin.v1.FleetService.ListDataPlanes:input_type -> sluice.admin.v1.ListDataPlanesRequest
+	10, // 23: sluice.admin.v1.RolloutService.UpsertRegion:input_type -> sluice.admin.v1.UpsertRegionRequest
+	12, // 24: sluice.admin.v1.RolloutService.GetRolloutStatus:input_type -> sluice.admin.v1.GetRolloutStatusRequest
+	16, // 25: sluice.admin.v1.RolloutService.PromoteVersion:input_type -> sluice.admin.v1.PromoteVersionRequest
+	18, // 26: sluice.admin.v1.RolloutService.RollbackRegion:input_type -> sluice.admin.v1.RollbackRegionRequest
+	7,  // 27: sluice.admin.v1.FleetService.ListDataPlanes:output_type -> sluice.admin.v1.ListDataPlanesResponse
+	11, // 28: sluice.admin.v1.RolloutService.UpsertRegion:output_type -> sluice.admin.v1.UpsertRegionResponse
+	14, // 29: sluice.admin.v1.RolloutService.GetRolloutStatus:output_type -> sluice.admin.v1.GetRolloutStatusResponse
+	17, // 30: sluice.admin.v1.RolloutService.PromoteVersion:output_type -> sluice.admin.v1.PromoteVersionResponse
+	19, // 31: sluice.admin.v1.RolloutService.RollbackRegion:output_type -> sluice.admin.v1.RollbackRegionResponse
+	27, // [27:32] is the sub-list for method output_type
+	22, // [22:27] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_fleet_proto_init() }
@@ -1387,7 +1480,7 @@ func file_sluice_admin_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_fleet_proto_rawDesc), len(file_sluice_admin_v1_fleet_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -3098,9 +3098,13 @@ type Heartbeat struct {
 	// Deployments this instance keeps out of rotation right now (passive
 	// ejection, Retry-After parking, failed active health checks). Added
 	// without a schema bump: older control planes ignore it.
-	Ejected       []*EjectedDeployment `protobuf:"bytes,180,rep,name=ejected,proto3" json:"ejected,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ejected []*EjectedDeployment `protobuf:"bytes,180,rep,name=ejected,proto3" json:"ejected,omitempty"`
+	// This instance's admission backlog, one entry per traffic class (the
+	// figures of its GET /health/backlog). Added without a schema bump:
+	// older control planes ignore it.
+	AdmissionBacklog []*AdmissionBacklog `protobuf:"bytes,450,rep,name=admission_backlog,json=admissionBacklog,proto3" json:"admission_backlog,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -3217,6 +3221,87 @@ func (x *Heartbeat) GetEjected() []*EjectedDeployment {
 	return nil
 }
 
+func (x *Heartbeat) GetAdmissionBacklog() []*AdmissionBacklog {
+	if x != nil {
+		return x.AdmissionBacklog
+	}
+	return nil
+}
+
+// AdmissionBacklog is one traffic class's backlog on one data plane.
+type AdmissionBacklog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "interactive", "agent" or "batch".
+	TrafficClass string `protobuf:"bytes,1,opt,name=traffic_class,json=trafficClass,proto3" json:"traffic_class,omitempty"`
+	// Requests of the class in flight at deployments.
+	InFlight int64 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Requests of the class waiting in the admission queues now.
+	Queued int64 `protobuf:"varint,3,opt,name=queued,proto3" json:"queued,omitempty"`
+	// Requests of the class the queues shed (queue full, timeout) since the
+	// instance started.
+	Shed          uint64 `protobuf:"varint,4,opt,name=shed,proto3" json:"shed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdmissionBacklog) Reset() {
+	*x = AdmissionBacklog{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdmissionBacklog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdmissionBacklog) ProtoMessage() {}
+
+func (x *AdmissionBacklog) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdmissionBacklog.ProtoReflect.Descriptor instead.
+func (*AdmissionBacklog) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *AdmissionBacklog) GetTrafficClass() string {
+	if x != nil {
+		return x.TrafficClass
+	}
+	return ""
+}
+
+func (x *AdmissionBacklog) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *AdmissionBacklog) GetQueued() int64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *AdmissionBacklog) GetShed() uint64 {
+	if x != nil {
+		return x.Shed
+	}
+	return 0
+}
+
 // EjectedDeployment is a deployment out of one data plane's rotation.
 type EjectedDeployment struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -3233,7 +3318,7 @@ type EjectedDeployment struct {
 
 func (x *EjectedDeployment) Reset() {
 	*x = EjectedDeployment{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3330,7 @@ func (x *EjectedDeployment) String() string {
 func (*EjectedDeployment) ProtoMessage() {}
 
 func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3258,7 +3343,7 @@ func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EjectedDeployment.ProtoReflect.Descriptor instead.
 func (*EjectedDeployment) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{33}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EjectedDeployment) GetDeploymentId() string {
@@ -3310,7 +3395,7 @@ type Rejecting struct {
 
 func (x *Rejecting) Reset() {
 	*x = Rejecting{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3407,7 @@ func (x *Rejecting) String() string {
 func (*Rejecting) ProtoMessage() {}
 
 func (x *Rejecting) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3420,7 @@ func (x *Rejecting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejecting.ProtoReflect.Descriptor instead.
 func (*Rejecting) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{34}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Rejecting) GetVersion() uint64 {
@@ -3666,7 +3751,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x10RejectedSnapshot\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12*\n" +
-	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xf4\x03\n" +
+	"\x02at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xc6\x04\n" +
 	"\tHeartbeat\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x16\n" +
@@ -3683,7 +3768,13 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\brejected\x18\n" +
 	" \x03(\v2\".sluice.config.v1.RejectedSnapshotR\brejected\x129\n" +
 	"\trejecting\x18\v \x01(\v2\x1b.sluice.config.v1.RejectingR\trejecting\x12>\n" +
-	"\aejected\x18\xb4\x01 \x03(\v2#.sluice.config.v1.EjectedDeploymentR\aejected\"\xa3\x01\n" +
+	"\aejected\x18\xb4\x01 \x03(\v2#.sluice.config.v1.EjectedDeploymentR\aejected\x12P\n" +
+	"\x11admission_backlog\x18\xc2\x03 \x03(\v2\".sluice.config.v1.AdmissionBacklogR\x10admissionBacklog\"\x80\x01\n" +
+	"\x10AdmissionBacklog\x12#\n" +
+	"\rtraffic_class\x18\x01 \x01(\tR\ftrafficClass\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x03R\binFlight\x12\x16\n" +
+	"\x06queued\x18\x03 \x01(\x03R\x06queued\x12\x12\n" +
+	"\x04shed\x18\x04 \x01(\x04R\x04shed\"\xa3\x01\n" +
 	"\x11EjectedDeployment\x12#\n" +
 	"\rdeployment_id\x18\x01 \x01(\tR\fdeploymentId\x12\x1f\n" +
 	"\vmodel_group\x18\x02 \x01(\tR\n" +
@@ -3720,7 +3811,7 @@ func file_sluice_config_v1_config_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_sluice_config_v1_config_proto_goTypes = []any{
 	(TrafficClass)(0),             // 0: sluice.config.v1.TrafficClass
 	(UnknownIdentityPolicy)(0),    // 1: sluice.config.v1.UnknownIdentityPolicy
@@ -3757,21 +3848,22 @@ var file_sluice_config_v1_config_proto_goTypes = []any{
 	(*Tick)(nil),                  // 32: sluice.config.v1.Tick
 	(*RejectedSnapshot)(nil),      // 33: sluice.config.v1.RejectedSnapshot
 	(*Heartbeat)(nil),             // 34: sluice.config.v1.Heartbeat
-	(*EjectedDeployment)(nil),     // 35: sluice.config.v1.EjectedDeployment
-	(*Rejecting)(nil),             // 36: sluice.config.v1.Rejecting
-	nil,                           // 37: sluice.config.v1.Limits.ModelMaxBudgetEntry
-	nil,                           // 38: sluice.config.v1.Limits.ModelRpmLimitEntry
-	nil,                           // 39: sluice.config.v1.Limits.ModelTpmLimitEntry
-	nil,                           // 40: sluice.config.v1.Team.ModelGroupAliasesEntry
-	nil,                           // 41: sluice.config.v1.Team.FallbacksEntry
-	nil,                           // 42: sluice.config.v1.Key.ModelGroupAliasesEntry
-	nil,                           // 43: sluice.config.v1.Key.FallbacksEntry
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*AdmissionBacklog)(nil),      // 35: sluice.config.v1.AdmissionBacklog
+	(*EjectedDeployment)(nil),     // 36: sluice.config.v1.EjectedDeployment
+	(*Rejecting)(nil),             // 37: sluice.config.v1.Rejecting
+	nil,                           // 38: sluice.config.v1.Limits.ModelMaxBudgetEntry
+	nil,                           // 39: sluice.config.v1.Limits.ModelRpmLimitEntry
+	nil,                           // 40: sluice.config.v1.Limits.ModelTpmLimitEntry
+	nil,                           // 41: sluice.config.v1.Team.ModelGroupAliasesEntry
+	nil,                           // 42: sluice.config.v1.Team.FallbacksEntry
+	nil,                           // 43: sluice.config.v1.Key.ModelGroupAliasesEntry
+	nil,                           // 44: sluice.config.v1.Key.FallbacksEntry
+	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
 }
 var file_sluice_config_v1_config_proto_depIdxs = []int32{
-	37, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
-	38, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
-	39, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
+	38, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
+	39, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
+	40, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
 	2,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
 	4,  // 4: sluice.config.v1.Org.traffic:type_name -> sluice.config.v1.OrgTraffic
 	0,  // 5: sluice.config.v1.OrgTraffic.default_class:type_name -> sluice.config.v1.TrafficClass
@@ -3784,19 +3876,19 @@ var file_sluice_config_v1_config_proto_depIdxs = []int32{
 	7,  // 12: sluice.config.v1.ModelGroupTraffic.queues:type_name -> sluice.config.v1.ClassQueue
 	2,  // 13: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
 	0,  // 14: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	40, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
-	41, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
+	41, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	42, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
 	2,  // 17: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
 	2,  // 18: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
 	2,  // 19: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	44, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	44, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	45, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	45, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 22: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	42, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	43, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
 	2,  // 24: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
 	15, // 25: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	43, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
-	44, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	44, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
+	45, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 28: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
 	11, // 29: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
 	12, // 30: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
@@ -3813,7 +3905,7 @@ var file_sluice_config_v1_config_proto_depIdxs = []int32{
 	24, // 41: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
 	25, // 42: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
 	9,  // 43: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
-	44, // 44: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	45, // 44: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
 	3,  // 45: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
 	11, // 46: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
 	12, // 47: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
@@ -3826,21 +3918,22 @@ var file_sluice_config_v1_config_proto_depIdxs = []int32{
 	26, // 54: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
 	18, // 55: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
 	29, // 56: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	44, // 57: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	44, // 58: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	44, // 59: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	45, // 57: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	45, // 58: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	45, // 59: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
 	33, // 60: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	36, // 61: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
-	35, // 62: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
-	44, // 63: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
-	44, // 64: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
-	22, // 65: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	22, // 66: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	67, // [67:67] is the sub-list for method output_type
-	67, // [67:67] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	37, // 61: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
+	36, // 62: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
+	35, // 63: sluice.config.v1.Heartbeat.admission_backlog:type_name -> sluice.config.v1.AdmissionBacklog
+	45, // 64: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	45, // 65: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	22, // 66: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	22, // 67: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	68, // [68:68] is the sub-list for method output_type
+	68, // [68:68] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }
@@ -3878,7 +3971,7 @@ func file_sluice_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_config_v1_config_proto_rawDesc), len(file_sluice_config_v1_config_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   42,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

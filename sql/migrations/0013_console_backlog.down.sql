@@ -1,0 +1,1 @@
+ALTER TABLE data_planes DROP COLUMN admission_backlog;
