@@ -41,6 +41,14 @@ const prefillCallTimeout = time.Second
 // prompt tokens per estimated token seen on a session's last turn.
 const minTokenRatio, maxTokenRatio = 0.5, 2.0
 
+// minPrefillGain is the least difference in prefill tokens (in flight
+// plus the request's own) for which an interactive request leaves its
+// strategy's first choice: about 25 ms of prefill on an engine
+// prefilling 10k tokens/s. Smaller differences are noise (the
+// contribution of a request that just finished, still being released; a
+// chat's few tokens) and not worth a session's pin or prefix cache.
+const minPrefillGain = 256
+
 // prefillAttempt is an attempt's prefill while it waits for its first
 // token.
 type prefillAttempt struct {
@@ -110,27 +118,26 @@ func prefillCap(d *catalog.Deployment, c configv1.TrafficClass) int64 {
 
 // prefillEstimate is the uncached prompt tokens the request makes d
 // prefill (docs/traffic.md, "The estimate"): the prompt estimate (about 4
-// bytes a token), except on the deployment that served the session's last
-// turn, whose prefix cache holds that turn's prompt and completion: there
-// the estimate is the prompt, calibrated by that turn's ratio of engine
-// tokens to estimated ones, less what the cache holds. A prompt that did
-// not grow past the last turn (the conversation was edited or compacted)
-// gets the whole estimate.
+// bytes a token), calibrated, for a session with a recorded last turn, by
+// that turn's ratio of engine tokens to estimated ones; on the deployment
+// that served that turn, whose prefix cache holds its prompt and
+// completion, less those. A prompt shorter than the last turn's (the
+// conversation was edited or compacted) is assumed uncached.
 func (x *exchange) prefillEstimate(d *catalog.Deployment) int64 {
 	if x.req == nil {
 		return 0
 	}
 	est := x.req.PromptEstimate()
 	t := x.aff.turn
-	if t.Deployment == "" || t.Deployment != d.GetId() || t.Estimate <= 0 || t.Prompt <= 0 {
+	if t.Deployment == "" || t.Estimate <= 0 || t.Prompt <= 0 {
 		return est
 	}
 	ratio := min(max(float64(t.Prompt)/float64(t.Estimate), minTokenRatio), maxTokenRatio)
 	scaled := int64(math.Round(float64(est) * ratio))
-	if uncached := scaled - (t.Prompt + t.Completion); uncached >= 0 {
-		return uncached
+	if t.Deployment != d.GetId() || scaled < t.Prompt {
+		return scaled
 	}
-	return scaled
+	return max(scaled-t.Prompt-t.Completion, 0)
 }
 
 // startPrefill accounts an attempt's prefill on d on this proxy (the
@@ -233,7 +240,8 @@ func (x *exchange) prefillOrdered() bool {
 // request: least prefill in flight first (the candidate's fleet-wide
 // count, else this proxy's, plus the request's own estimate there), ties
 // by the most free slots (max_concurrency − fleet-wide in flight), then
-// the strategy's order.
+// the strategy's order. The strategy's order stands when no candidate
+// has minPrefillGain tokens less than its first choice.
 func (x *exchange) orderByPrefill(cands []candidate, look affinity.Lookup) []candidate {
 	if len(cands) < 2 {
 		return cands
@@ -266,6 +274,13 @@ func (x *exchange) orderByPrefill(cands []candidate, look affinity.Lookup) []can
 		}
 		s.prefill = max(s.prefill, 0) + x.prefillEstimate(d)
 		out[i] = s
+	}
+	least := out[0].prefill
+	for _, s := range out {
+		least = min(least, s.prefill)
+	}
+	if out[0].prefill-least < minPrefillGain {
+		return cands
 	}
 	slices.SortStableFunc(out, func(p, q scored) int {
 		switch {
