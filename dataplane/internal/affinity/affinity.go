@@ -222,7 +222,10 @@ func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, no
 func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	out := Lookup{Loads: make([]int64, len(k.Loads)), Prefill: make([]int64, len(k.Prefill))}
+	out := Lookup{Loads: make([]int64, len(k.Loads))}
+	if len(k.Prefill) > 0 {
+		out.Prefill = make([]int64, len(k.Prefill))
+	}
 	for i := range out.Loads {
 		out.Loads[i] = -1
 	}
