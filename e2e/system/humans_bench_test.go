@@ -33,13 +33,10 @@ import (
 
 // The shared-fleet scenario of issue 12.
 const (
-	haEngines       = 2
-	haMaxNumSeqs    = 8
-	haBatchedTokens = 8192
-	haReserve       = 2 // interactive_reserve per deployment
-	// haPrefillCap is the max_prefill_tokens_in_flight of the capped phase:
-	// half a step's token budget (about 400 ms of prefill at 10k tokens/s).
-	haPrefillCap     = haBatchedTokens / 2
+	haEngines        = 2
+	haMaxNumSeqs     = 8
+	haBatchedTokens  = 8192
+	haReserve        = 2  // interactive_reserve per deployment
 	haAgentPriority  = 10 // the agent class's default engine priority
 	haAgentPrompt    = 20_000
 	haAgentGrowth    = 500 // tokens of tool output appended each turn
@@ -48,6 +45,10 @@ const (
 	haChatPrompt     = 300
 	haChatOutput     = 100
 	haChatEvery      = 500 * time.Millisecond
+	// haPrefillCap is the max_prefill_tokens_in_flight of the capped
+	// phase: half a step's token budget (about 400 ms of prefill at 10k
+	// tokens/s).
+	haPrefillCap = haBatchedTokens / 2
 )
 
 func envDuration(name string, def time.Duration) time.Duration {
