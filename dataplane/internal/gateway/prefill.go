@@ -211,7 +211,9 @@ func (x *exchange) correctPrefill(prompt, cached int64) {
 		x.h.pm.estimate.Observe(float64(est) / float64(actual))
 	}
 	lim := x.h.cfg.Limiter
-	if !active || lease == nil || lim == nil || !lease.HasPrefill() {
+	// A complete (non-streamed) answer carries its usage as the attempt
+	// ends: its lease's release removes the contribution right after.
+	if !active || lease == nil || lim == nil || !lease.HasPrefill() || !x.req.Stream() {
 		return
 	}
 	go func() {
