@@ -181,7 +181,10 @@ func (x *exchange) orderCandidates(cat *catalog.Catalog, cands []candidate) []ca
 	if !x.prefillOrdered() || len(out) < 2 {
 		return out
 	}
-	look, _ := x.awaitLookup()
+	look, fresh := x.awaitLookup()
+	if fresh && look.err != nil {
+		x.h.em.loadLookups.WithLabelValues("error").Inc() // placed on this proxy's own counts
+	}
 	out = x.orderByPrefill(out, look.res)
 	if id := out[0].d.GetId(); id != x.aff.first {
 		x.aff.first, x.aff.reason = id, reasonPrefill
