@@ -41,6 +41,9 @@ type liveState struct {
 	users   map[string]*adminv1.User
 	groups  map[string]*adminv1.ModelGroup
 	deps    map[string][]*adminv1.Deployment // by model group
+	// depTraffic are the traffic settings of the live deployments a
+	// document sets traffic for, by deployment id.
+	depTraffic map[string]*adminv1.DeploymentTraffic
 	// members, customers, keys and org traffic (apply_tenants.go)
 	tenantState
 	// out is where a created key's token is printed (once).
@@ -200,6 +203,26 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 		}
 		for _, d := range deps {
 			st.deps[d.GetModelGroup()] = append(st.deps[d.GetModelGroup()], d)
+		}
+		// Traffic settings only of the deployments a document sets them for.
+		withTraffic := map[string]bool{}
+		for _, g := range set.groups {
+			for i := range g.Deployments {
+				if g.Deployments[i].Traffic != nil {
+					withTraffic[g.Name+" "+g.Deployments[i].identity()] = true
+				}
+			}
+		}
+		st.depTraffic = map[string]*adminv1.DeploymentTraffic{}
+		for _, d := range deps {
+			if !withTraffic[d.GetModelGroup()+" "+d.GetApiBase()+" "+d.GetUpstreamModel()] {
+				continue
+			}
+			r, err := call(ctx, cl.traffic.GetDeploymentTraffic, &adminv1.GetDeploymentTrafficRequest{DeploymentId: d.GetId()})
+			if err != nil {
+				return nil, fmt.Errorf("get traffic settings of deployment %s: %w", d.GetId(), err)
+			}
+			st.depTraffic[d.GetId()] = r.GetTraffic()
 		}
 	}
 	return st, nil
@@ -494,11 +517,16 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 		live[d.GetApiBase()+" "+d.GetUpstreamModel()] = d
 	}
 	named := map[string]bool{}
+	var traffic []change // deployments' traffic settings, after their updates
 	for i := range g.Deployments {
 		dd := &g.Deployments[i]
 		named[dd.identity()] = true
 		what := "Deployment " + g.Name + " " + dd.APIBase + " (" + dd.UpstreamModel + ")"
 		wantDep := dd.proto(g.Name)
+		wantTraffic, err := dd.trafficProto()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
 		cred := dd.Credential
 		cur := live[dd.identity()]
 		if cur == nil && cred != nil && cred.Stored {
@@ -509,6 +537,11 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 			if cred != nil {
 				lines = append(lines, "credential: "+cred.describe())
 			}
+			if wantTraffic != nil {
+				for _, l := range createLines(wantTraffic) {
+					lines = append(lines, "traffic."+l)
+				}
+			}
 			out = append(out, change{"create", what, lines, func(ctx context.Context, st *liveState) error {
 				secret := ""
 				if cred != nil {
@@ -517,14 +550,36 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 						return err
 					}
 				}
-				_, err := call(ctx, st.cl.models.CreateDeployment, &adminv1.CreateDeploymentRequest{
+				r, err := call(ctx, st.cl.models.CreateDeployment, &adminv1.CreateDeploymentRequest{
 					ModelGroup: g.Name, ApiBase: wantDep.ApiBase, UpstreamModel: wantDep.UpstreamModel, Credential: secret,
 					Weight: wantDep.Weight, MaxConcurrency: wantDep.MaxConcurrency, Capabilities: wantDep.Capabilities,
 					Tags: wantDep.Tags, Prices: wantDep.Prices, Free: wantDep.Free,
 				})
+				if err != nil || wantTraffic == nil {
+					return err
+				}
+				_, err = call(ctx, st.cl.traffic.SetDeploymentTraffic, &adminv1.SetDeploymentTrafficRequest{
+					DeploymentId: r.GetDeployment().GetId(), Traffic: wantTraffic})
 				return err
 			}})
 			continue
+		}
+		if wantTraffic != nil {
+			// After the deployments' own updates (a prefill cap or reserve
+			// needs its max_concurrency first).
+			curT, id := st.depTraffic[cur.GetId()], cur.GetId()
+			if curT == nil {
+				curT = &adminv1.DeploymentTraffic{}
+			}
+			ja, _ := compareJSON.Marshal(curT)
+			jb, _ := compareJSON.Marshal(wantTraffic)
+			if string(ja) != string(jb) {
+				traffic = append(traffic, change{"update", "DeploymentTraffic " + g.Name + " " + dd.APIBase + " (" + dd.UpstreamModel + ")",
+					rowDiff(curT.ProtoReflect(), wantTraffic.ProtoReflect()), func(ctx context.Context, st *liveState) error {
+						_, err := call(ctx, st.cl.traffic.SetDeploymentTraffic, &adminv1.SetDeploymentTrafficRequest{DeploymentId: id, Traffic: wantTraffic})
+						return err
+					}})
+			}
 		}
 		paths, lines := diffFields(cur, wantDep, deploymentDocPaths...)
 		// A credential is sent when the deployment has none; one already
@@ -558,6 +613,7 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 			return err
 		}})
 	}
+	out = append(out, traffic...)
 	if prune {
 		var gone []*adminv1.Deployment
 		for id, d := range live {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -249,4 +250,89 @@ func TestApplyWithAnOrgToken(t *testing.T) {
 	require.Equal(t, "Applied: no changes.\n", r.stdout, r.stderr)
 	require.Contains(t, root.ok("team", "list", "--org", otherID), "theirs")
 	require.Contains(t, org.ok("get", "team"), "rpm_limit: 60")
+}
+
+// TestApplyDeploymentTraffic: a deployment's traffic settings (the
+// prefill cap among them) are applied with it, created with a new
+// deployment and updated on an existing one after its max_concurrency;
+// re-applying changes nothing; a bad value is the admin API's
+// InvalidArgument.
+func TestApplyDeploymentTraffic(t *testing.T) {
+	t.Parallel()
+	server, _ := startServer(t)
+	root := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+bootstrapToken)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "fleet.yaml")
+	doc := func(conc, reserve, prefill int) string {
+		return `kind: ModelGroup
+name: shared
+platform_wide: true
+deployments:
+  - api_base: http://vllm-a:8000/v1
+    upstream_model: m
+    free: true
+    max_concurrency: ` + strconv.Itoa(conc) + `
+    traffic: {interactive_reserve: ` + strconv.Itoa(reserve) + `, max_prefill_tokens_in_flight: ` + strconv.Itoa(prefill) + `, priority_scheduling: true}
+  - api_base: http://vllm-b:8000/v1
+    upstream_model: m
+    free: true
+`
+	}
+	require.NoError(t, os.WriteFile(file, []byte(doc(8, 2, 8192)), 0o600))
+	out := root.ok("apply", "-f", file)
+	require.Contains(t, out, "traffic.max_prefill_tokens_in_flight: 8192")
+	var deps []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(root.ok("deployment", "list", "--model-group", "shared", "-o", "json")), &deps))
+	require.Len(t, deps, 2)
+	idOf := func(base string) string {
+		for _, d := range deps {
+			if d["api_base"] == base || d["apiBase"] == base {
+				return d["id"].(string)
+			}
+		}
+		t.Fatalf("no deployment %s in %v", base, deps)
+		return ""
+	}
+	a := idOf("http://vllm-a:8000/v1")
+	got := root.okJSON("traffic", "deployment", "get", a)
+	require.EqualValues(t, 8192, toInt(t, firstOf(got, "max_prefill_tokens_in_flight", "maxPrefillTokensInFlight")))
+	require.Equal(t, "Applied: no changes.\n", root.ok("apply", "-f", file))
+
+	// A larger engine and cap: the deployment first, then its traffic.
+	require.NoError(t, os.WriteFile(file, []byte(doc(16, 4, 16384)), 0o600))
+	out = root.ok("apply", "-f", file)
+	require.Contains(t, out, "~ DeploymentTraffic shared http://vllm-a:8000/v1 (m)")
+	got = root.okJSON("traffic", "deployment", "get", a)
+	require.EqualValues(t, 16384, toInt(t, firstOf(got, "max_prefill_tokens_in_flight", "maxPrefillTokensInFlight")))
+	require.Equal(t, "Applied: no changes.\n", root.ok("apply", "-f", file))
+
+	// A negative cap is refused by the admin API.
+	require.NoError(t, os.WriteFile(file, []byte(doc(16, 4, -1)), 0o600))
+	r := root.runIn("", "apply", "-f", file)
+	require.NotZero(t, r.code)
+	require.Contains(t, r.stderr, "invalid_argument")
+	require.Contains(t, r.stderr, "traffic.max_prefill_tokens_in_flight")
+}
+
+func firstOf(m map[string]any, keys ...string) any {
+	for _, k := range keys {
+		if v, ok := m[k]; ok {
+			return v
+		}
+	}
+	return nil
+}
+
+func toInt(t *testing.T, v any) int64 {
+	t.Helper()
+	switch x := v.(type) {
+	case float64:
+		return int64(x)
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		require.NoError(t, err)
+		return n
+	}
+	t.Fatalf("not a number: %v", v)
+	return 0
 }

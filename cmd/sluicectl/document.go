@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
@@ -173,6 +175,49 @@ type deploymentDoc struct {
 	Prices         *pricesDoc       `yaml:"prices,omitempty"`
 	Free           bool             `yaml:"free,omitempty"`
 	Credential     *credentialDoc   `yaml:"credential,omitempty"`
+	// Traffic, when set, replaces the deployment's traffic settings
+	// (sluice.admin.v1.DeploymentTraffic, decoded strictly by protojson:
+	// interactive_reserve, batch_max_concurrency,
+	// max_prefill_tokens_in_flight, priority_scheduling, class_priority,
+	// queues); absent, they are left as they are.
+	Traffic *trafficDoc `yaml:"traffic,omitempty"`
+}
+
+// trafficDoc keeps a document's traffic settings as YAML, decoded by
+// protojson (strictly) when planned.
+type trafficDoc struct{ node yaml.Node }
+
+// UnmarshalYAML keeps the node.
+func (t *trafficDoc) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.MappingNode {
+		return fmt.Errorf("line %d: traffic: want a mapping", n.Line)
+	}
+	t.node = *n
+	return nil
+}
+
+// trafficProto decodes the document's traffic settings (nil: none set).
+func (d *deploymentDoc) trafficProto() (*adminv1.DeploymentTraffic, error) {
+	if d.Traffic == nil {
+		return nil, nil
+	}
+	var v any
+	if err := d.Traffic.node.Decode(&v); err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	y, err := yaml.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	j, err := sigsyaml.YAMLToJSON(y)
+	if err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	t := &adminv1.DeploymentTraffic{}
+	if err := protojson.Unmarshal(j, t); err != nil {
+		return nil, fmt.Errorf("traffic: %w", err)
+	}
+	return t, nil
 }
 
 type capabilitiesDoc struct {

@@ -45,6 +45,10 @@ const (
 	haChatPrompt     = 300
 	haChatOutput     = 100
 	haChatEvery      = 500 * time.Millisecond
+	// haPrefillCap is the max_prefill_tokens_in_flight of the capped
+	// phase: half a step's token budget (about 400 ms of prefill at 10k
+	// tokens/s).
+	haPrefillCap = haBatchedTokens / 2
 )
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -222,11 +226,13 @@ func BenchmarkHumansAgents(b *testing.B) {
 	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "shared", PlatformWide: true}))
 	require.NoError(b, err)
 	tr := adminv1connect.NewTrafficServiceClient(http.DefaultClient, d.Admin, connect.WithInterceptors(harness.BearerInterceptor(testBootstrap)))
+	var depIDs []string
 	for _, e := range engines {
 		dep, err := m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "shared", ApiBase: e.srv.URL + "/v1",
 			UpstreamModel: vllmsim.DefaultModel, Weight: 1, MaxConcurrency: haMaxNumSeqs,
 			Prices: &adminv1.Prices{InputPerToken: 1e-7, OutputPerToken: 3e-7}}))
 		require.NoError(b, err)
+		depIDs = append(depIDs, dep.Msg.Deployment.Id)
 		_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: dep.Msg.Deployment.Id,
 			Traffic: &adminv1.DeploymentTraffic{InteractiveReserve: haReserve, PriorityScheduling: true}}))
 		require.NoError(b, err)
@@ -331,6 +337,25 @@ func BenchmarkHumansAgents(b *testing.B) {
 	alone := load(unclassedTok, false)
 	on := load(agentTok, true)
 	off := load(unclassedTok, true)
+	// With classes and the prefill cap, on the same engines.
+	b.StopTimer()
+	for _, dep := range depIDs {
+		_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: dep,
+			Traffic: &adminv1.DeploymentTraffic{InteractiveReserve: haReserve, PriorityScheduling: true, MaxPrefillTokensInFlight: haPrefillCap}}))
+		require.NoError(b, err)
+	}
+	for _, px := range proxies {
+		harness.Eventually(b, func() bool {
+			for _, dd := range px.DP.Catalog().Deployments("shared") {
+				if dd.GetTraffic().GetMaxPrefillTokensInFlight() != haPrefillCap {
+					return false
+				}
+			}
+			return true
+		}, 15*time.Second, 10*time.Millisecond)
+	}
+	b.StartTimer()
+	capped := load(agentTok, true)
 	b.StopTimer()
 	quiet()
 
@@ -360,9 +385,12 @@ func BenchmarkHumansAgents(b *testing.B) {
 		p(on.ttfts, 50), ratio(p(on.ttfts, 50), idle50), p(on.ttfts, 99), ratio(p(on.ttfts, 99), idle99), len(on.ttfts), on.chatFailed)
 	b.Logf("chat TTFT classes disabled:     p50 %s (%.2fx idle) p99 %s (%.2fx idle) (n=%d, refused or failed %v)",
 		p(off.ttfts, 50), ratio(p(off.ttfts, 50), idle50), p(off.ttfts, 99), ratio(p(off.ttfts, 99), idle99), len(off.ttfts), off.chatFailed)
-	b.Logf("agent output tokens/s: alone %.0f, with classes %.0f (%.1f%% of alone), classes disabled %.0f (%.1f%% of alone); agent errors %d/%d/%d",
+	b.Logf("chat TTFT classes + prefill cap %d: p50 %s (%.2fx idle) p99 %s (%.2fx idle) (n=%d, refused or failed %v)", haPrefillCap,
+		p(capped.ttfts, 50), ratio(p(capped.ttfts, 50), idle50), p(capped.ttfts, 99), ratio(p(capped.ttfts, 99), idle99), len(capped.ttfts), capped.chatFailed)
+	b.Logf("agent output tokens/s: alone %.0f, with classes %.0f (%.1f%% of alone), classes disabled %.0f (%.1f%% of alone), classes + prefill cap %.0f (%.1f%% of alone); agent errors %d/%d/%d/%d",
 		alone.agentTokensPerSec, on.agentTokensPerSec, 100*on.agentTokensPerSec/alone.agentTokensPerSec,
-		off.agentTokensPerSec, 100*off.agentTokensPerSec/alone.agentTokensPerSec, alone.agentErrors, on.agentErrors, off.agentErrors)
+		off.agentTokensPerSec, 100*off.agentTokensPerSec/alone.agentTokensPerSec,
+		capped.agentTokensPerSec, 100*capped.agentTokensPerSec/alone.agentTokensPerSec, alone.agentErrors, on.agentErrors, off.agentErrors, capped.agentErrors)
 	b.Logf("agent requests in flight at the engines with classes: peak %d (cap %d = %d × (%d − %d)); interactive shed by the proxies: %d",
 		on.peakAgents, agentCap, haEngines, haMaxNumSeqs, haReserve, rejected)
 	b.Logf("targets: chat TTFT p99 with classes ≤ 1.5× idle: %v; agents with classes ≥ 80%% of alone: %v",

@@ -147,8 +147,8 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		// and the queue length are enforced and tested with the gateway
 		// (dataplane/internal/gateway/traffic_test.go: TestClassification,
 		// TestReservedSlotsFleetWide, TestAdmissionQueue);
-		// max_prefill_tokens_in_flight is refused by the admin API until
-		// the data plane enforces it.
+		// the prefill cap max_prefill_tokens_in_flight in
+		// dataplane/internal/gateway/prefill_test.go (TestPrefillCapQueues).
 		"Demotion":          {"max_prompt_tokens", "max_interactive_in_flight_per_key"},
 		"DeploymentTraffic": {"batch_max_concurrency", "max_prefill_tokens_in_flight"},
 		"ClassQueue":        {"max_length"},

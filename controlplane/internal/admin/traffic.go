@@ -146,10 +146,11 @@ func validateDeploymentTraffic(c *validator, t *adminv1.DeploymentTraffic, maxCo
 		c.add("traffic.batch_max_concurrency", "must be at most max_concurrency − interactive_reserve = %d (got %d)", maxConc-r, b)
 	}
 	validTokens(c, "traffic.max_prefill_tokens_in_flight", t.GetMaxPrefillTokensInFlight())
-	if t.GetMaxPrefillTokensInFlight() > 0 {
-		// Accepting it would be a dead setting: the data plane does not
-		// count prefill tokens in flight yet (docs/traffic.md).
-		c.add("traffic.max_prefill_tokens_in_flight", "is not supported yet: the data plane does not enforce a prefill cap; leave it 0")
+	if t.GetMaxPrefillTokensInFlight() > 0 && maxConc == 0 {
+		// The data plane counts prefill in flight in the deployment's
+		// fleet-wide max_concurrency lease (docs/traffic.md): without
+		// max_concurrency the cap would be a dead setting.
+		c.add("traffic.max_prefill_tokens_in_flight", "needs the deployment's max_concurrency: prefill in flight is counted with its fleet-wide concurrency lease")
 	}
 	if cp := t.GetClassPriority(); cp != nil {
 		if !t.GetPriorityScheduling() {

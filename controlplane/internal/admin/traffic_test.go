@@ -197,7 +197,7 @@ func TestDeploymentTraffic(t *testing.T) {
 		{"negative reserve", &adminv1.DeploymentTraffic{InteractiveReserve: -1}, "traffic.interactive_reserve"},
 		{"batch cap above the shared share", &adminv1.DeploymentTraffic{InteractiveReserve: 2, BatchMaxConcurrency: 4}, "traffic.batch_max_concurrency: must be at most max_concurrency − interactive_reserve = 3"},
 		{"negative prefill cap", &adminv1.DeploymentTraffic{MaxPrefillTokensInFlight: -1}, "traffic.max_prefill_tokens_in_flight"},
-		{"prefill cap not enforced yet", &adminv1.DeploymentTraffic{MaxPrefillTokensInFlight: 16384}, "traffic.max_prefill_tokens_in_flight: is not supported yet"},
+		{"prefill cap too large", &adminv1.DeploymentTraffic{MaxPrefillTokensInFlight: 2_000_000_000}, "traffic.max_prefill_tokens_in_flight: must be at most"},
 		{"class priority without priority scheduling", &adminv1.DeploymentTraffic{ClassPriority: &adminv1.ClassPriorities{Agent: i32(1)}}, "traffic.class_priority: only with priority_scheduling"},
 		{"priority out of range", &adminv1.DeploymentTraffic{PriorityScheduling: true, ClassPriority: &adminv1.ClassPriorities{Agent: i32(2_000_000)}}, "traffic.class_priority.agent"},
 		{"queue class unknown", &adminv1.DeploymentTraffic{Queues: []*adminv1.ClassQueue{{TrafficClass: 0, MaxLength: 1}}}, "traffic.queues[0].traffic_class"},
@@ -216,6 +216,41 @@ func TestDeploymentTraffic(t *testing.T) {
 	_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: nocap.Id,
 		Traffic: &adminv1.DeploymentTraffic{InteractiveReserve: 1}}))
 	require.ErrorContains(t, err, "traffic.interactive_reserve: needs the deployment's max_concurrency")
+	_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: nocap.Id,
+		Traffic: &adminv1.DeploymentTraffic{MaxPrefillTokensInFlight: 16384}}))
+	require.Equal(t, "invalid_argument", codeOf(err))
+	require.ErrorContains(t, err, "traffic.max_prefill_tokens_in_flight: needs the deployment's max_concurrency")
+}
+
+// TestDeploymentPrefillCap: a prefill cap is accepted, stored and read
+// back on a deployment with max_concurrency, and its max_concurrency
+// cannot then be removed.
+func TestDeploymentPrefillCap(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	g := b.mkModelGroup("traffic-prefill")
+	req := validDeployment(g, "")
+	req.MaxConcurrency = 8
+	d, err := b.models(b.bootstrap).CreateDeployment(ctx, connect.NewRequest(req))
+	require.NoError(t, err)
+	id := d.Msg.Deployment.Id
+	tr := b.traffic(b.bootstrap)
+	want := &adminv1.DeploymentTraffic{InteractiveReserve: 2, MaxPrefillTokensInFlight: 16384}
+	_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: id, Traffic: want}))
+	require.NoError(t, err)
+	got, err := tr.GetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.GetDeploymentTrafficRequest{DeploymentId: id}))
+	require.NoError(t, err)
+	requireProto(t, want, got.Msg.Traffic)
+	require.Equal(t, 1, b.auditOf(objDeploymentTraffic, id))
+	_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: id,
+		Traffic: &adminv1.DeploymentTraffic{MaxPrefillTokensInFlight: -5}}))
+	require.Equal(t, "invalid_argument", codeOf(err))
+	require.ErrorContains(t, err, "traffic.max_prefill_tokens_in_flight: must not be negative")
+	_, err = b.models(b.bootstrap).UpdateDeployment(ctx, connect.NewRequest(&adminv1.UpdateDeploymentRequest{
+		Deployment: &adminv1.Deployment{Id: id, MaxConcurrency: 0}, UpdateMask: mask("max_concurrency")}))
+	require.Equal(t, "invalid_argument", codeOf(err))
+	require.ErrorContains(t, err, "traffic.max_prefill_tokens_in_flight: needs the deployment's max_concurrency")
 }
 
 func TestModelGroupTraffic(t *testing.T) {

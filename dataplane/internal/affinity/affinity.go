@@ -153,28 +153,100 @@ type Lookup struct {
 	// Loads are the fleet-wide live lease counts of the load keys asked,
 	// in order (-1: unknown).
 	Loads []int64
+	// Prefill are the fleet-wide prefill tokens in flight of the prefill
+	// keys asked, in order (-1: unknown; a missing hash or field is 0).
+	Prefill []int64
+	// Turn is the session's last turn as recorded with its pin (zero:
+	// none recorded, or no session was asked).
+	Turn Turn
+}
+
+// Turn is what a session's last served turn left in its deployment's
+// prefix cache, recorded with the pin (PinTurn): the deployment and the
+// engine's prompt and completion tokens, and the proxy's prompt estimate
+// of that turn (its ratio to the engine's count calibrates the next
+// estimate).
+type Turn struct {
+	Deployment                   string
+	Prompt, Completion, Estimate int64
+}
+
+// turnKey is the key of a session's turn record, beside its pin (same
+// hash tag).
+func turnKey(pinKey string) string { return pinKey + ":turn" }
+
+func (t Turn) encode() string {
+	return t.Deployment + "\n" + strconv.FormatInt(t.Prompt, 10) + " " + strconv.FormatInt(t.Completion, 10) + " " + strconv.FormatInt(t.Estimate, 10)
+}
+
+func decodeTurn(v string) Turn {
+	dep, nums, ok := strings.Cut(v, "\n")
+	f := strings.Fields(nums)
+	if !ok || dep == "" || len(f) != 3 {
+		return Turn{}
+	}
+	var n [3]int64
+	for i := range n {
+		x, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil || x < 0 {
+			return Turn{}
+		}
+		n[i] = x
+	}
+	return Turn{Deployment: dep, Prompt: n[0], Completion: n[1], Estimate: n[2]}
+}
+
+// Keys are what one lookup reads.
+type Keys struct {
+	// Pin is the session's pin key ("": none); its turn record is read
+	// with it.
+	Pin string
+	// Loads are lease sets (limits.Limiter.DeploymentLeaseKey) whose live
+	// leases are counted.
+	Loads []string
+	// Prefill are prefill hashes (limits.Limiter.DeploymentPrefillKey)
+	// whose field PrefillField is read.
+	Prefill      []string
+	PrefillField string
 }
 
 // Lookup reads the pin of pinKey (skipped when empty) and counts the live
 // leases (score above now, in ms) of each of loadKeys, in one pipelined
 // call.
 func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, now time.Time) (Lookup, error) {
+	return s.LookupKeys(ctx, Keys{Pin: pinKey, Loads: loadKeys}, now)
+}
+
+// LookupKeys reads k in one pipelined call: the pin and turn record, the
+// live lease counts, and the prefill tokens in flight.
+func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
-	out := Lookup{Loads: make([]int64, len(loadKeys))}
+	out := Lookup{Loads: make([]int64, len(k.Loads))}
+	if len(k.Prefill) > 0 {
+		out.Prefill = make([]int64, len(k.Prefill))
+	}
 	for i := range out.Loads {
 		out.Loads[i] = -1
+	}
+	for i := range out.Prefill {
+		out.Prefill[i] = -1
 	}
 	nowMS := "(" + strconv.FormatInt(now.UnixMilli(), 10)
 	if c := s.cfg.Conn.Cluster; c != nil {
 		pipe := c.Pipeline()
-		var pin *redis.StringCmd
-		if pinKey != "" {
-			pin = pipe.Get(ctx, pinKey)
+		var pin, turn *redis.StringCmd
+		if k.Pin != "" {
+			pin = pipe.Get(ctx, k.Pin)
+			turn = pipe.Get(ctx, turnKey(k.Pin))
 		}
-		counts := make([]*redis.IntCmd, len(loadKeys))
-		for i, k := range loadKeys {
-			counts[i] = pipe.ZCount(ctx, k, nowMS, "+inf")
+		counts := make([]*redis.IntCmd, len(k.Loads))
+		for i, key := range k.Loads {
+			counts[i] = pipe.ZCount(ctx, key, nowMS, "+inf")
+		}
+		pfs := make([]*redis.StringCmd, len(k.Prefill))
+		for i, key := range k.Prefill {
+			pfs[i] = pipe.HGet(ctx, key, k.PrefillField)
 		}
 		_, _ = pipe.Exec(ctx)
 		var errs []error
@@ -185,6 +257,9 @@ func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, no
 			case !errors.Is(err, redis.Nil):
 				errs = append(errs, err)
 			}
+			if v, err := turn.Result(); err == nil {
+				out.Turn = decodeTurn(v)
+			}
 		}
 		for i, c := range counts {
 			if n, err := c.Result(); err == nil {
@@ -193,25 +268,53 @@ func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, no
 				errs = append(errs, err)
 			}
 		}
+		for i, c := range pfs {
+			switch v, err := c.Result(); {
+			case err == nil:
+				out.Prefill[i], _ = strconv.ParseInt(v, 10, 64)
+			case errors.Is(err, redis.Nil):
+				out.Prefill[i] = 0
+			default:
+				errs = append(errs, err)
+			}
+		}
 		return out, errors.Join(errs...)
 	}
-	cmds := make([]redispipe.Cmd, 0, 1+len(loadKeys))
-	if pinKey != "" {
-		cmds = append(cmds, redispipe.Cmd{Args: []any{"GET", pinKey}})
+	cmds := make([]redispipe.Cmd, 0, 2+len(k.Loads)+len(k.Prefill))
+	if k.Pin != "" {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"GET", k.Pin}}, redispipe.Cmd{Args: []any{"GET", turnKey(k.Pin)}})
 	}
-	for _, k := range loadKeys {
-		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", k, nowMS, "+inf"}})
+	for _, key := range k.Loads {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", key, nowMS, "+inf"}})
+	}
+	for _, key := range k.Prefill {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"HGET", key, k.PrefillField}})
 	}
 	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
-	if pinKey != "" {
+	if k.Pin != "" {
 		if errs[0] == nil && vals[0].Kind == '$' {
 			out.Pinned = vals[0].Str
 		}
-		vals, errs = vals[1:], errs[1:]
+		if errs[1] == nil && vals[1].Kind == '$' {
+			out.Turn = decodeTurn(vals[1].Str)
+		}
+		vals, errs = vals[2:], errs[2:]
 	}
-	for i := range vals {
+	for i := range k.Loads {
 		if errs[i] == nil && vals[i].Kind == ':' {
 			out.Loads[i] = vals[i].Int
+		}
+	}
+	vals, errs = vals[len(k.Loads):], errs[len(k.Loads):]
+	for i := range k.Prefill {
+		if errs[i] != nil {
+			continue
+		}
+		switch vals[i].Kind {
+		case '$':
+			out.Prefill[i], _ = strconv.ParseInt(vals[i].Str, 10, 64)
+		case 0: // nil: no prefill recorded
+			out.Prefill[i] = 0
 		}
 	}
 	return out, errors.Join(errs...)
@@ -227,4 +330,25 @@ func (s *Store) Pin(ctx context.Context, pinKey, deployment string, ttl time.Dur
 	}
 	_, err := s.cfg.Conn.Pipe.Do(ctx, "SET", pinKey, deployment, "PX", ms)
 	return err
+}
+
+// PinTurn is Pin that also records the turn the deployment served (the
+// turn record lives as long as the pin), in one pipelined call.
+func (s *Store) PinTurn(ctx context.Context, pinKey, deployment string, ttl time.Duration, t Turn) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	ms := max(ttl.Milliseconds(), 1)
+	t.Deployment = deployment
+	if c := s.cfg.Conn.Cluster; c != nil {
+		pipe := c.Pipeline()
+		pipe.Set(ctx, pinKey, deployment, time.Duration(ms)*time.Millisecond)
+		pipe.Set(ctx, turnKey(pinKey), t.encode(), time.Duration(ms)*time.Millisecond)
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	_, errs := s.cfg.Conn.Pipe.DoMulti(ctx, []redispipe.Cmd{
+		{Args: []any{"SET", pinKey, deployment, "PX", ms}},
+		{Args: []any{"SET", turnKey(pinKey), t.encode(), "PX", ms}},
+	})
+	return errors.Join(errs...)
 }

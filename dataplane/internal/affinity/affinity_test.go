@@ -88,3 +88,47 @@ func TestStore(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Lookup{Loads: []int64{2}}, got)
 }
+
+// TestStoreTurnsAndPrefill: a pin written with its turn is read back with
+// it, and prefill hashes are read (a missing one is 0), in one lookup.
+func TestStoreTurnsAndPrefill(t *testing.T) {
+	const addr = "127.0.0.1:6379"
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", addr)
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "aff" + hex.EncodeToString(b[:]) + ":"
+	ctx := context.Background()
+	t.Cleanup(func() {
+		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
+		if len(keys) > 0 {
+			rdb.Del(ctx, keys...)
+		}
+	})
+	for _, url := range []string{"redis://" + addr + "/0"} {
+		conn, err := redisconn.Open(url, nil)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		s, err := New(Config{Conn: conn, KeyPrefix: prefix})
+		require.NoError(t, err)
+		key := s.PinKey("o1", "g", "s1")
+		require.NoError(t, s.PinTurn(ctx, key, "d2", time.Hour, Turn{Prompt: 20000, Completion: 300, Estimate: 18000}))
+		pk := prefix + "pf"
+		require.NoError(t, rdb.HSet(ctx, pk, "pt", 4096).Err())
+		got, err := s.LookupKeys(ctx, Keys{Pin: key, Prefill: []string{pk, prefix + "none"}, PrefillField: "pt"}, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, Lookup{Pinned: "d2", Loads: []int64{}, Prefill: []int64{4096, 0},
+			Turn: Turn{Deployment: "d2", Prompt: 20000, Completion: 300, Estimate: 18000}}, got)
+		ttl, err := rdb.PTTL(ctx, key+":turn").Result()
+		require.NoError(t, err)
+		require.Greater(t, ttl, 59*time.Minute, "the turn record lives as long as the pin")
+		// A plain Pin leaves the old turn record (its deployment names where
+		// it was served, so a turn elsewhere is never taken as cached).
+		require.NoError(t, s.Pin(ctx, key, "d1", time.Hour))
+		got, err = s.Lookup(ctx, key, nil, time.Now())
+		require.NoError(t, err)
+		require.Equal(t, "d1", got.Pinned)
+		require.Equal(t, "d2", got.Turn.Deployment)
+	}
+}

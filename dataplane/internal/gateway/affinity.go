@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/affinity"
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/routing"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
@@ -66,6 +67,15 @@ type affinityState struct {
 	pinGone bool
 	// first is the deployment ordered first, reason why.
 	first, reason string
+	// turn is the session's last turn (its pin's turn record): what the
+	// deployment that served it holds in its prefix cache (prefill.go).
+	turn affinity.Turn
+	// looked is set once the lookup's answer was taken (look).
+	looked bool
+	look   affinityLookup
+	// prefillIDs are the deployments whose prefill in flight the lookup
+	// reads, in the order of its answer's Prefill.
+	prefillIDs []string
 }
 
 type affinityLookup struct {
@@ -88,7 +98,10 @@ func (x *exchange) startAffinity(ctx context.Context, hd http.Header, cands []ca
 		x.startLoadLookup(ctx, cands)
 		return
 	case x.rt.strategy == strategyWeightedShuffle:
-		return // no key: shuffled, no Redis command
+		if x.prefillOrdered() {
+			x.startLoadLookup(ctx, cands) // interactive: placed by prefill in flight (prefill.go)
+		}
+		return // otherwise no key: shuffled, no Redis command
 	}
 	if a.session == "" {
 		a.prefix, a.hasKey = routing.PrefixKey(x.route, x.req)
@@ -115,11 +128,27 @@ func (x *exchange) startAffinity(ctx context.Context, hd http.Header, cands []ca
 	if a.pinKey == "" && len(loadKeys) == 0 {
 		return // nothing to read: rendezvous on local loads
 	}
+	k := affinity.Keys{Pin: a.pinKey, Loads: loadKeys}
+	if x.prefillOrdered() && len(loadKeys) > 0 {
+		k.Prefill, a.prefillIDs = prefillKeys(x.h.cfg.Limiter, cands)
+		k.PrefillField = limits.PrefillField
+	}
 	a.lookup = make(chan affinityLookup, 1)
 	go func() {
-		res, err := store.Lookup(ctx, a.pinKey, loadKeys, time.Now())
+		res, err := store.LookupKeys(ctx, k, time.Now())
 		a.lookup <- affinityLookup{res, err}
 	}()
+}
+
+// awaitLookup returns the lookup's answer (zero when none was sent),
+// waiting for it the first time; fresh is set on that first call.
+func (x *exchange) awaitLookup() (look affinityLookup, fresh bool) {
+	a := &x.aff
+	if a.lookup == nil || a.looked {
+		return a.look, false
+	}
+	a.look, a.looked = <-a.lookup, true
+	return a.look, true
 }
 
 // compactKeys drops empty keys (deployments without max_concurrency have
@@ -148,6 +177,23 @@ func sessionKey(session string) uint64 {
 // request: the session's pin first when it is a candidate, then the
 // rendezvous order of the session or prefix with bounded load.
 func (x *exchange) orderCandidates(cat *catalog.Catalog, cands []candidate) []candidate {
+	out := x.orderByStrategy(cat, cands)
+	if !x.prefillOrdered() || len(out) < 2 {
+		return out
+	}
+	look, fresh := x.awaitLookup()
+	if fresh && look.err != nil {
+		x.h.em.loadLookups.WithLabelValues("error").Inc() // placed on this proxy's own counts
+	}
+	out = x.orderByPrefill(out, look.res)
+	if id := out[0].d.GetId(); id != x.aff.first {
+		x.aff.first, x.aff.reason = id, reasonPrefill
+	}
+	return out
+}
+
+// orderByStrategy orders cands by the group's strategy.
+func (x *exchange) orderByStrategy(cat *catalog.Catalog, cands []candidate) []candidate {
 	a := &x.aff
 	if x.rt.loadAware() {
 		return x.orderByLoad(cands)
@@ -159,13 +205,11 @@ func (x *exchange) orderCandidates(cat *catalog.Catalog, cands []candidate) []ca
 		}
 		return cands
 	}
-	var look affinityLookup
-	if a.lookup != nil {
-		look = <-a.lookup
-		if look.err != nil {
-			x.h.affm.decisions.WithLabelValues(x.affKind(), "error").Inc()
-		}
+	look, fresh := x.awaitLookup()
+	if fresh && look.err != nil {
+		x.h.affm.decisions.WithLabelValues(x.affKind(), "error").Inc()
 	}
+	a.turn = look.res.Turn
 	// Loads: fleet-wide lease counts where known, else this instance's.
 	loaded := x.loadedOf(cands, look)
 	order, overloaded := routing.BoundedRendezvous(a.prefix, loaded, x.rt.loadFactor)
@@ -268,8 +312,20 @@ func (x *exchange) settleAffinity() {
 		return
 	}
 	key, ttl, log, id := a.pinKey, x.rt.sessionTTL, x.h.log, x.id
+	// The turn the deployment served is what its prefix cache holds for
+	// the session's next turn (prefill.go, prefillEstimate).
+	var turn *affinity.Turn
+	if x.usageSeen && x.req != nil {
+		turn = &affinity.Turn{Prompt: x.prompt, Completion: x.completion, Estimate: x.req.PromptEstimate()}
+	}
 	go func() {
-		if err := store.Pin(context.Background(), key, served, ttl); err != nil {
+		var err error
+		if turn != nil {
+			err = store.PinTurn(context.Background(), key, served, ttl, *turn)
+		} else {
+			err = store.Pin(context.Background(), key, served, ttl)
+		}
+		if err != nil {
 			log.Warn("session pin not written", "request_id", id, "deployment", served, "error", err)
 		}
 	}()

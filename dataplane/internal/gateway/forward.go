@@ -103,8 +103,9 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 			continue
 		}
 		// The fleet-wide max_concurrency lease (Redis), after the
-		// per-instance one.
-		dl, rej, e := x.admitDeployment(ctx, cand.d)
+		// per-instance one, with the attempt's prefill (prefill.go).
+		est := x.prefillEstimate(cand.d)
+		dl, rej, e := x.admitDeployment(ctx, cand.d, est)
 		switch {
 		case e != nil:
 			cand.st.Slots.Release()
@@ -121,6 +122,7 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 			x.leases.setDep(dl)
 			x.startRenewal()
 		}
+		x.startPrefill(cand.d, est, dl)
 		x.chargeServed()
 		*next++
 		return cand, nil
@@ -169,6 +171,7 @@ func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWr
 	x.h.queues.Started(x.classEnum)
 	defer func() {
 		g.Dec()
+		x.endPrefill(false) // the lease's release below removes its fleet-wide part
 		x.h.queues.Ended(x.classEnum)
 		c.st.Slots.Release()
 		x.releaseDeploymentLease()
@@ -185,6 +188,7 @@ func (x *exchange) setUsage(u *openai.Usage) {
 	}
 	x.cacheCreation = u.CacheCreationTokens
 	x.progressUsage()
+	x.correctPrefill(x.prompt, x.cached)
 }
 
 // The exchange as forward.Exchange: what an attempt reports.
@@ -204,6 +208,7 @@ func (x *exchange) FirstByte() {
 	if x.ttft == 0 {
 		x.ttft = time.Since(x.start)
 		x.progressFirstByte()
+		x.endPrefill(true)
 	}
 }
 

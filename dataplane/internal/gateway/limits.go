@@ -393,7 +393,7 @@ func ceilSecondsInt(d time.Duration) int64 { return int64((d + time.Second - 1) 
 // admitDeployment takes a fleet-wide lease on a deployment that sets
 // max_concurrency. ok is false when the deployment is at its cap; e is a
 // fail-closed answer when Redis is unavailable.
-func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment) (lease *limits.Lease, rej *limits.Rejection, e *openai.Error) {
+func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment, prefill int64) (lease *limits.Lease, rej *limits.Rejection, e *openai.Error) {
 	h := x.h
 	if h.cfg.Limiter == nil || d.GetMaxConcurrency() <= 0 {
 		return nil, nil, nil
@@ -404,6 +404,9 @@ func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment) (
 	}
 	dec, err := h.cfg.Limiter.Admit(ctx, limits.Request{
 		OrgID: limits.DeploymentOrg(d.GetId()), RequestID: x.id + "/" + strconv.Itoa(x.attempts), Scopes: scopes,
+		// Prefill in flight is accounted on the max_concurrency scope
+		// (scopes[0]) for every class; the cap binds agent and batch.
+		Prefill: &limits.Prefill{Scope: 0, Tokens: max(prefill, 0), Cap: prefillCap(d, x.classEnum)},
 	})
 	if err != nil {
 		h.m.limitsUnavailable.WithLabelValues("admit").Inc()
@@ -414,6 +417,7 @@ func (x *exchange) admitDeployment(ctx context.Context, d *catalog.Deployment) (
 		h.log.Error("deployment admission failed", "request_id", x.id, "error", err)
 		return nil, nil, limitsUnavailable("deployment concurrency cannot be checked")
 	}
+	h.sawPrefill(d.GetId(), dec.PrefillInFlight)
 	if !dec.Allowed {
 		h.m.limitRejections.WithLabelValues(limits.KindDeployment, string(dec.Rejection.Limit)).Inc()
 		return nil, dec.Rejection, nil

@@ -107,9 +107,10 @@ type exchange struct {
 	prog       progress
 	lostPrices *configv1.Prices
 	// aff is the request's affinity (affinity.go), rt its group's routing
-	// strategy (strategy.go).
+	// strategy (strategy.go), pf the current attempt's prefill (prefill.go).
 	aff affinityState
 	rt  groupRouting
+	pf  prefillAttempt
 	// Responses (protocols.go): the deployment a previous_response_id
 	// pins the request to, the id of the Response produced.
 	pinned     string

@@ -217,11 +217,15 @@ type Config struct {
 
 // Handler serves the OpenAI endpoints.
 type Handler struct {
-	cfg     Config
-	log     *slog.Logger
-	m       *metrics
-	affm    *affinityMetrics
-	em      *engineMetrics
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	affm *affinityMetrics
+	em   *engineMetrics
+	pm   *prefillMetrics
+	// prefill counts this proxy's prefill tokens in flight per deployment
+	// (prefill.go).
+	prefill prefillCounts
 	sm      *sweepMetrics
 	series  seriesCache
 	states  upstream.States
@@ -378,6 +382,9 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
 	if h.affm, err = newAffinityMetrics(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("proxy: register metrics: %w", err)
+	}
+	if h.pm, err = newPrefillMetrics(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
 	if h.sm, err = newSweepMetrics(cfg.Registerer); err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/affinity"
 	"github.com/sluicegw/sluice/dataplane/internal/catalog"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/routing"
 	"github.com/sluicegw/sluice/dataplane/internal/upstream"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
@@ -29,6 +30,8 @@ type groupRouting struct {
 	strategy   string
 	sessionTTL time.Duration
 	loadFactor float64
+	// explicit: the group sets the strategy (not the class defaults).
+	explicit bool
 }
 
 // routingOf resolves the exchange's strategy from its group's settings,
@@ -50,6 +53,7 @@ func routingOf(g *configv1.ModelGroup, class configv1.TrafficClass, hasSession b
 	}
 	switch out.strategy {
 	case strategyWeightedShuffle, strategyAffinity, strategyLeastOutstanding, strategyEngineLoad:
+		out.explicit = true
 		return out
 	}
 	switch {
@@ -85,9 +89,14 @@ func (x *exchange) startLoadLookup(ctx context.Context, cands []candidate) {
 	if len(keys) == 0 {
 		return
 	}
+	k := affinity.Keys{Loads: keys}
+	if x.prefillOrdered() {
+		k.Prefill, a.prefillIDs = prefillKeys(lim, cands)
+		k.PrefillField = limits.PrefillField
+	}
 	a.lookup = make(chan affinityLookup, 1)
 	go func() {
-		res, err := store.Lookup(ctx, "", keys, time.Now())
+		res, err := store.LookupKeys(ctx, k, time.Now())
 		a.lookup <- affinityLookup{res, err}
 	}()
 }
@@ -123,12 +132,9 @@ func (x *exchange) orderByLoad(cands []candidate) []candidate {
 	if len(cands) == 0 {
 		return cands
 	}
-	var look affinityLookup
-	if a.lookup != nil {
-		look = <-a.lookup
-		if look.err != nil {
-			x.h.em.loadLookups.WithLabelValues("error").Inc()
-		}
+	look, fresh := x.awaitLookup()
+	if fresh && look.err != nil {
+		x.h.em.loadLookups.WithLabelValues("error").Inc()
 	}
 	loaded := x.loadedOf(cands, look)
 	type scored struct {

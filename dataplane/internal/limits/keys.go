@@ -80,6 +80,20 @@ func (l *Limiter) DeploymentLeaseKey(deploymentID string) string {
 	return kb.scope(&Scope{Kind: KindDeployment, ID: deploymentID})[1]
 }
 
+// DeploymentPrefillKey is the hash holding a deployment's fleet-wide
+// prefill tokens in flight in field PrefillField (lua/common.lua,
+// "Prefill accounting"), for requests admitted with a Prefill on the
+// deployment's max_concurrency scope. The value counts expired leases of
+// a lost proxy until the next admission on the deployment prunes them.
+func (l *Limiter) DeploymentPrefillKey(deploymentID string) string {
+	kb := newKeyBuilder(l.cfg.KeyPrefix, DeploymentOrg(deploymentID))
+	return kb.scope(&Scope{Kind: KindDeployment, ID: deploymentID})[0]
+}
+
+// PrefillField is the field of a prefill scope's state hash holding its
+// prefill tokens in flight.
+const PrefillField = "pt"
+
 // keyCache holds the keys of the orgs and scopes seen (the hot path builds
 // the same ones for every request of a scope), up to maxCachedKeys entries
 // (then it starts over).

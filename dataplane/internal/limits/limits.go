@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -141,7 +142,33 @@ type Request struct {
 	// a sweeper settles it with the last report and hands back its usage
 	// event (Sweep). Renewals update it (RenewReport).
 	Report *Report
+	// Prefill, when set, accounts the request's prefill on one of its
+	// scopes (lua/common.lua, "Prefill accounting").
+	Prefill *Prefill
 }
+
+// Prefill is a request's prompt prefill, accounted on one scope of its
+// admission: the scope's prefill in flight is the sum of the
+// contributions of its live leases. A contribution leaves when the lease
+// holder reports the first token (Limiter.PrefillDone), when the lease is
+// settled, and when the lease expires unrenewed.
+type Prefill struct {
+	// Scope is the index in Request.Scopes of the scope that accounts it:
+	// one limiting concurrency only (MaxParallel > 0, no rpm, tpm or
+	// budget), so its state lives exactly as long as its leases.
+	Scope int
+	// Tokens is the request's uncached prompt tokens (an estimate).
+	Tokens int64
+	// Cap, when > 0, rejects the request (LimitPrefill) when the scope's
+	// prefill in flight is above 0 and would exceed Cap with Tokens. A
+	// request finding no prefill in flight is admitted whatever its size.
+	Cap int64
+}
+
+// PrefillRetryAfter is the retry-after of a prefill rejection: prefill
+// drains as first tokens arrive, which no lease expiry tells, so callers
+// retry soon (the admission queue also retries at every released slot).
+const PrefillRetryAfter = 200 * time.Millisecond
 
 // LimitType names the limit that rejected a request.
 type LimitType string
@@ -152,6 +179,7 @@ const (
 	LimitTPM      LimitType = "tpm"
 	LimitParallel LimitType = "parallel"
 	LimitBudget   LimitType = "budget"
+	LimitPrefill  LimitType = "prefill"
 )
 
 // ScopeRef names a scope.
@@ -214,6 +242,10 @@ type Decision struct {
 	// Epoch is the org's epoch (ms) seen by the call; it changes when Redis
 	// lost the org's state.
 	Epoch int64
+	// PrefillInFlight is the prefill scope's prefill tokens in flight
+	// after the call (with the request's when admitted); 0 without
+	// Request.Prefill.
+	PrefillInFlight int64
 	// unseeded lists the budget windows admit.lua found missing (the
 	// answer "needs seed"); Admit seeds them and admits again.
 	unseeded []SeedNeed
@@ -238,7 +270,23 @@ type Lease struct {
 	localDone atomic.Bool
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
+	// prefillScope is the 1-based index of the scope accounting the
+	// request's prefill (0: none); prefill its contribution, asserted by
+	// every renewal.
+	prefillScope int
+	prefill      atomic.Int64
+	// renewMu orders the renewals of a lease with prefill accounting, so
+	// that a renewal asserting an older contribution never lands after
+	// one asserting a newer (PrefillDone racing the renewal timer).
+	renewMu sync.Mutex
 }
+
+// Prefill returns the lease's prefill contribution as last set (0 without
+// prefill accounting, or after PrefillDone).
+func (l *Lease) Prefill() int64 { return l.prefill.Load() }
+
+// HasPrefill reports whether the lease accounts a prefill.
+func (l *Lease) HasPrefill() bool { return l.prefillScope > 0 }
 
 // OrgID returns the org of the leased request.
 func (l *Lease) OrgID() string { return l.orgID }
@@ -458,6 +506,17 @@ func validate(req *Request) ([]budget.Unit, error) {
 	if req.EstTokens < 0 || req.MaxCostMicros < 0 {
 		errs = append(errs, errors.New("estimated tokens and max cost must be ≥ 0"))
 	}
+	if p := req.Prefill; p != nil {
+		switch {
+		case p.Scope < 0 || p.Scope >= len(req.Scopes):
+			errs = append(errs, fmt.Errorf("prefill scope %d of %d", p.Scope, len(req.Scopes)))
+		case req.Scopes[p.Scope].MaxParallel <= 0 || req.Scopes[p.Scope].RPM != 0 || req.Scopes[p.Scope].TPM != 0 || req.Scopes[p.Scope].Budget != nil:
+			errs = append(errs, fmt.Errorf("prefill scope %d must limit concurrency only", p.Scope))
+		}
+		if p.Tokens < 0 || p.Cap < 0 {
+			errs = append(errs, errors.New("prefill tokens and cap must be ≥ 0"))
+		}
+	}
 	units := make([]budget.Unit, len(req.Scopes))
 	for i, s := range req.Scopes {
 		if !validKinds[s.Kind] || s.ID == "" {
@@ -499,7 +558,9 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	if err != nil {
 		return Decision{}, err
 	}
-	if l.slices == nil {
+	if l.slices == nil || req.Prefill != nil {
+		// A prefill scope limits concurrency only: nothing of it is sliced,
+		// and the scope indexes stay those of req.
 		return l.admitExact(ctx, req, units)
 	}
 	takes, rest, hdr := l.slices.take(&req)
@@ -557,6 +618,10 @@ func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Uni
 	if lease.needs && req.Report != nil {
 		lease.sweep = newSweepState(lease.scopes, *req.Report)
 	}
+	if p := req.Prefill; p != nil {
+		lease.prefillScope = p.Scope + 1
+		lease.prefill.Store(p.Tokens)
+	}
 	args := newArgv()
 	defer args.release()
 	args.str(req.RequestID)
@@ -585,6 +650,15 @@ func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Uni
 		}
 	}
 	lease.sweep.appendNote(args)
+	if p := req.Prefill; p != nil {
+		args.int(int64(p.Scope + 1))
+		args.int(p.Tokens)
+		args.int(p.Cap)
+	} else {
+		args.int(0)
+		args.int(0)
+		args.int(0)
+	}
 	vals, err := l.run(ctx, admitScript, "admit", keys, args)
 	if err != nil {
 		// The call may still run in Redis after its deadline (a frozen or
@@ -602,11 +676,11 @@ func toDecision(v []int64, scopes []Scope, lease *Lease) (Decision, error) {
 	if len(v) > 15 && v[0] == 2 {
 		return unseededDecision(v, scopes)
 	}
-	if len(v) != 15 {
+	if len(v) != 16 {
 		return Decision{}, fmt.Errorf("%w: admit returned %d values", ErrUnavailable, len(v))
 	}
 	d := Decision{
-		Epoch: v[1],
+		Epoch: v[1], PrefillInFlight: v[15],
 		Headers: RateHeaders{
 			LimitRequests: v[8], RemainingRequests: v[9], ResetRequests: time.Duration(v[10]) * time.Millisecond,
 			LimitTokens: v[11], RemainingTokens: v[12], ResetTokens: time.Duration(v[13]) * time.Millisecond,
@@ -641,6 +715,9 @@ func toDecision(v []int64, scopes []Scope, lease *Lease) (Decision, error) {
 	case 4:
 		r.Limit = LimitBudget
 		r.WindowEnd = time.Unix(v[14], 0).UTC()
+	case 5:
+		r.Limit = LimitPrefill
+		r.RetryAfter = PrefillRetryAfter
 	default:
 		return Decision{}, fmt.Errorf("%w: admit returned limit type %d", ErrUnavailable, v[3])
 	}
@@ -663,6 +740,10 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	if !lease.needs {
 		return RenewExtended, nil
 	}
+	if lease.prefillScope > 0 {
+		lease.renewMu.Lock()
+		defer lease.renewMu.Unlock()
+	}
 	args := newArgv()
 	defer args.release()
 	args.str(lease.requestID)
@@ -680,6 +761,8 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	}
 	args.bool(lease.sweep != nil)
 	lease.sweep.appendNote(args)
+	args.int(int64(lease.prefillScope))
+	args.int(lease.prefill.Load())
 	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
 	if err != nil {
 		return 0, err
@@ -688,6 +771,28 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
 	}
 	return RenewState(vals[0]), nil
+}
+
+// PrefillDone sets the lease's prefill contribution to 0 (its request
+// produced its first token) in one renewal call. A failed call is repaired
+// by the next renewal, which asserts the contribution again.
+func (l *Limiter) PrefillDone(ctx context.Context, lease *Lease) error {
+	if lease.prefillScope == 0 || lease.prefill.Swap(0) == 0 {
+		return nil
+	}
+	_, err := l.Renew(ctx, lease)
+	return err
+}
+
+// SetPrefill replaces the lease's prefill contribution (a correction, e.g.
+// from the engine's report of cached prompt tokens) in one renewal call;
+// like PrefillDone, a failed call is repaired by the next renewal.
+func (l *Limiter) SetPrefill(ctx context.Context, lease *Lease, tokens int64) error {
+	if lease.prefillScope == 0 || lease.prefill.Swap(max(tokens, 0)) == max(tokens, 0) {
+		return nil
+	}
+	_, err := l.Renew(ctx, lease)
+	return err
 }
 
 // Settle releases the request's leases and reconciles tpm (actual −
@@ -831,7 +936,12 @@ func (l *Limiter) settleCall(items []SettleItem, idx []int, sweep bool) scriptCa
 			}
 			args.int(int64(d))
 			args.bool(sc.TPM > 0)
-			args.bool(sc.MaxParallel > 0)
+			switch {
+			case j+1 == lease.prefillScope:
+				args.int(2) // leases and the prefill contribution
+			default:
+				args.bool(sc.MaxParallel > 0)
+			}
 			args.bool(it.Cancel && sc.RPM > 0)
 			budgetArgs(args, sc.Budget, true)
 		}

@@ -133,7 +133,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "dev-load: %d agent loops starting over %s on the agent key (%d-token prompts growing each turn, 300-token answers); Ctrl-C stops\n",
 		*agents, *ramp, *prompt)
-	fmt.Fprintln(out, "dev-load: while agents prefill their first, uncached prompts, a chat shares engine steps with those prefills (prefill-aware placement is not built yet)")
+	fmt.Fprintln(out, "dev-load: while agents prefill their first, uncached prompts, a chat shares engine steps with those prefills unless another engine has less prefill in flight (docs/traffic.md, \"Prefill in flight\")")
 	tick := time.NewTicker(*report)
 	defer tick.Stop()
 	last := time.Now()

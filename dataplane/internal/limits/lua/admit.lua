@@ -19,6 +19,13 @@
 --   then (12 + 6n) the request's report (common.lua; '' = none): with one,
 --     the record carries it and the request joins the lease index, so a
 --     sweeper settles it if its lease expires unsettled (lease.go).
+--   then prefill (common.lua, "Prefill accounting"): (13 + 6n) the scope
+--     that accounts the request's prefill (1-based; 0 = none), (14 + 6n)
+--     its uncached prompt tokens, (15 + 6n) the scope's prefill cap (0 =
+--     none): the request is rejected when the scope's prefill in flight is
+--     above 0 and would exceed the cap with it (a request alone may always
+--     prefill, as an engine schedules a prompt longer than its token
+--     budget in chunks).
 -- Returns an array of integers:
 --   1 status: 1 admitted, 0 rejected, -1 duplicate request id, 2 needs
 --     seed (no scope rejected, but budget scopes have no window: 3 is
@@ -33,6 +40,10 @@
 --   9-11  tightest requests limit, remaining, reset ms (limit 0: no rpm scope)
 --   12-14 tightest tokens limit, remaining, reset ms (limit 0: no tpm scope)
 --   15 budget window end (Unix s) of the rejecting budget scope, else 0
+--   16 the prefill scope's prefill tokens in flight after the call (with
+--     this request's when admitted; 0 without a prefill scope)
+-- Limit type 5 is prefill (the prefill cap; retry after is left to the
+-- caller: prefill drains at first tokens, which no lease expiry tells).
 --
 -- Steady-state cost of a scope carrying every limit: one HMGET, one ZCOUNT,
 -- one HSET and one ZADD.
@@ -49,6 +60,10 @@ local window_ms = tonumber(ARGV[8])
 local bms = tonumber(ARGV[9])
 local write_record = ARGV[10] == '1'
 local n = tonumber(ARGV[11])
+local pfi = tonumber(ARGV[13 + 6 * n]) or 0
+local pf_tok = tonumber(ARGV[14 + 6 * n]) or 0
+local pf_cap = tonumber(ARGV[15 + 6 * n]) or 0
+local pt = 0
 local nb = math.floor(window_ms / bms)
 local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
@@ -56,7 +71,7 @@ local rate_ttl = window_ms + 2 * bms
 
 local epoch = ensure_epoch(now)
 if write_record and redis.call('EXISTS', KEYS[2]) == 1 then
-  return { -1, epoch, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  return { -1, epoch, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 end
 local quarantine_left = epoch + quarantine - now
 
@@ -72,7 +87,12 @@ for i = 1, n do
   }
   st[i] = s
   local hk = hkey(i)
-  if s.rpm > 0 or s.tpm > 0 or s.unit ~= '-' or s.par > 0 then
+  if i == pfi then
+    -- A prefill scope limits concurrency only (Go checks): its expired
+    -- leases leave with their contributions before anything is counted.
+    s.v = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. cur, 'kt', 'ko', 'k' .. cur, 'bw', 'bs', 'lx', 'pt')
+    pt = prefill_prune(hk, zkey(i), now, tonumber(s.v[10]) or 0)
+  elseif s.rpm > 0 or s.tpm > 0 or s.unit ~= '-' or s.par > 0 then
     s.v = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. cur, 'kt', 'ko', 'k' .. cur, 'bw', 'bs', 'lx')
   end
   if s.rpm > 0 then
@@ -96,7 +116,7 @@ for i = 1, n do
     else
       s.live = redis.call('ZCOUNT', pk, '(' .. now, '+inf')
       if s.live >= s.par then
-        redis.call('ZREMRANGEBYSCORE', pk, '-inf', now)
+        if i ~= pfi then redis.call('ZREMRANGEBYSCORE', pk, '-inf', now) end
         local first = redis.call('ZRANGE', pk, 0, 0, 'WITHSCORES')
         local w = par_retry_max
         if first[2] then w = math.min(tonumber(first[2]) - now, par_retry_max) end
@@ -104,6 +124,9 @@ for i = 1, n do
         rej = { i, 3, w, 0, 0, 0, 0 }
       end
     end
+  end
+  if i == pfi and not rej and pf_cap > 0 and pt > 0 and pt + pf_tok > pf_cap then
+    rej = { i, 5, 0, 0, 0, 0, 0 }
   end
   if s.unit ~= '-' then
     local idx, ws, we = budget_window(s.unit, s.bn, now_s)
@@ -177,6 +200,14 @@ if not rej then
         if s.rpm == 0 and s.tpm == 0 and s.unit == '-' then created = true end
       end
     end
+    if i == pfi and pf_tok > 0 then
+      pt = pt + pf_tok
+      set[#set + 1] = 'p:' .. rid
+      set[#set + 1] = pf_tok
+      set[#set + 1] = 'pt'
+      set[#set + 1] = pt
+      created = true -- the hash lives three lease TTLs for the contribution
+    end
     if created and (s.rpm > 0 or s.tpm > 0) then
       set[#set + 1] = '_'
       set[#set + 1] = HASHTABLE_PAD
@@ -222,6 +253,6 @@ for i = 1, n do
 end
 
 if rej then
-  return { 0, epoch, rej[1], rej[2], rej[3], rej[4], rej[5], rej[6], h[1], h[2], h[3], h[4], h[5], h[6], rej[7] }
+  return { 0, epoch, rej[1], rej[2], rej[3], rej[4], rej[5], rej[6], h[1], h[2], h[3], h[4], h[5], h[6], rej[7], pt }
 end
-return { 1, epoch, 0, 0, 0, 0, 0, 0, h[1], h[2], h[3], h[4], h[5], h[6], 0 }
+return { 1, epoch, 0, 0, 0, 0, 0, 0, h[1], h[2], h[3], h[4], h[5], h[6], 0, pt }

@@ -318,3 +318,68 @@ local function record_usage(raw, rec)
   local tok, cost = string.match(line or '', '^(%d+) (%d+)')
   return tonumber(tok) or 0, tonumber(cost) or 0
 end
+
+-- Prefill accounting (issue 12; docs/traffic.md, "Prefill in flight"). One
+-- scope of a call may account the request's prefill: the uncached prompt
+-- tokens of admitted requests without a first token yet. Its state hash
+-- holds
+--   pt          the scope's prefill tokens in flight (the sum of the p: fields)
+--   p:<rid>     request rid's contribution (absent once it is 0)
+-- The scope limits concurrency only (Go checks), so its hash expires three
+-- lease TTLs after the last write that added a contribution, like its lease
+-- set: a contribution never outlives its lease for long. A request's
+-- contribution leaves at its first token (renew.lua sets it to 0), when it
+-- is settled (settle.lua), and when its lease expired unrenewed (its proxy
+-- was lost): prefill_prune, run by every admission on the scope before it
+-- reads the total.
+
+-- PREFILL_PRUNE_MAX bounds the expired leases one call prunes; the rest
+-- go with the next admissions.
+local PREFILL_PRUNE_MAX = 256
+
+-- prefill_prune removes the leases of the scope (hash hk, lease set pk)
+-- that expired by now, with their contributions, and returns the scope's
+-- total pt (as read before) less what it removed.
+local function prefill_prune(hk, pk, now, pt)
+  local gone = redis.call('ZRANGEBYSCORE', pk, '-inf', now, 'LIMIT', 0, PREFILL_PRUNE_MAX)
+  if #gone == 0 then return pt end
+  redis.call('ZREM', pk, unpack(gone))
+  local f = {}
+  for j, rid in ipairs(gone) do f[j] = 'p:' .. rid end
+  local vals = redis.call('HMGET', hk, unpack(f))
+  local sub, del = 0, {}
+  for j = 1, #vals do
+    if vals[j] then
+      sub = sub + (tonumber(vals[j]) or 0)
+      del[#del + 1] = f[j]
+    end
+  end
+  if #del == 0 then return pt end
+  redis.call('HDEL', hk, unpack(del))
+  pt = math.max(pt - sub, 0)
+  redis.call('HSET', hk, 'pt', pt)
+  return pt
+end
+
+-- prefill_set sets request rid's contribution on the scope (hash hk) to v
+-- (0: none) and returns the scope's new total. A contribution is only
+-- written while the hash lives for it: a positive one pushes the hash's
+-- expiry to three lease TTLs.
+local function prefill_set(hk, rid, v, lease_ttl)
+  local cur = redis.call('HMGET', hk, 'p:' .. rid, 'pt')
+  local old = tonumber(cur[1]) or 0
+  local pt = tonumber(cur[2]) or 0
+  if v == old then
+    if v > 0 then redis.call('PEXPIRE', hk, 3 * lease_ttl) end
+    return pt
+  end
+  pt = math.max(pt - old + v, 0)
+  if v > 0 then
+    redis.call('HSET', hk, 'p:' .. rid, v, 'pt', pt)
+    redis.call('PEXPIRE', hk, 3 * lease_ttl)
+  else
+    redis.call('HDEL', hk, 'p:' .. rid)
+    redis.call('HSET', hk, 'pt', pt)
+  end
+  return pt
+end

@@ -14,6 +14,10 @@
 --     entry is pushed forward like its leases), (10 + 4n) the request's
 --     report (common.lua; '' = keep the one the record holds): it replaces
 --     the record's report, so a sweeper charges the latest usage.
+--   then (11 + 4n) the scope that accounts the request's prefill (1-based;
+--     0 = none) and (12 + 4n) the request's contribution to set there (0
+--     once it produced its first token; common.lua, prefill_set): every
+--     renewal asserts it, so a lost update is repaired by the next one.
 -- Returns {state, epoch}: state 0 = already settled (nothing done),
 --   1 = renewed (lease expiries and the record TTL pushed forward),
 --   2 = re-asserted: the record was missing (Redis lost the org's state or
@@ -56,6 +60,10 @@ if indexed then
   redis.call('PEXPIRE', ik, record_ttl)
 end
 local reassert = rec == nil
+local pfi = tonumber(ARGV[11 + 4 * n]) or 0
+if pfi > 0 then
+  prefill_set(hkey(pfi), rid, tonumber(ARGV[12 + 4 * n]) or 0, lease_ttl)
+end
 local newrec = { est, cost, cur }
 for i = 1, n do
   local a = 8 + 4 * (i - 1)

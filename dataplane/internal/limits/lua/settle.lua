@@ -20,7 +20,8 @@
 --   then per request: request id, actual tokens, actual cost (micro-USD),
 --     number of its scopes k, then 8 values per scope:
 --       distinct scope index s (1-based), has tpm (0/1), has parallel
---       (0/1), refund rpm (0/1: the request was cancelled, its admission
+--       (0/1; 2: and it accounts the request's prefill, whose contribution
+--       leaves with the lease: common.lua), refund rpm (0/1: the request was cancelled, its admission
 --       answered as failed; give its request back to the rpm window),
 --       budget unit ('-' = none), budget n, cap micro-USD (0 = none), soft
 --       budget micro-USD (0 = none)
@@ -233,7 +234,16 @@ for r = 1, nreq do
           end
         end
       end
-      if ARGV[a + 3] == '1' then c.zrem[#c.zrem + 1] = rid end
+      if ARGV[a + 3] ~= '0' then c.zrem[#c.zrem + 1] = rid end
+      if ARGV[a + 3] == '2' then
+        local pf = 'p:' .. rid
+        load(s, c, { pf, 'pt' })
+        local old = tonumber(get(c, pf))
+        if old then
+          put(c, pf, nil)
+          put(c, 'pt', math.max((tonumber(get(c, 'pt')) or 0) - old, 0))
+        end
+      end
       a = a + 8
     end
     -- The tombstone: a settled request id is remembered until it expires.
