@@ -197,9 +197,7 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) *openai.Error {
 	if e := x.admit(ctx, w, append(cands[:len(cands):len(cands)], fallbacks...)); e != nil {
 		return e
 	}
-	rest = slices.Concat(rest, fallbacks)
-	byStanding(rest)
-	cands = append(x.orderCandidates(cat, best), rest...) // session pin, prefix, bounded load (affinity.go); the rest after
+	cands = x.chainOrder(cat, best, rest, fallbacks) // session pin, prefix, bounded load (affinity.go); the rest after
 	if x.lease != nil {
 		x.leases.main = x.lease
 		x.startRenewal()

@@ -94,6 +94,16 @@ func byStanding(cands []candidate) {
 	})
 }
 
+// chainOrder is the order a request tries its candidates in: the best
+// standing of its first group (best) ordered by affinity or load, then
+// the rest of that group and the fallback groups' candidates, the
+// healthy ones of every group before the last resorts of any.
+func (x *exchange) chainOrder(cat *catalog.Catalog, best, rest, fallbacks []candidate) []candidate {
+	rest = slices.Concat(rest, fallbacks)
+	byStanding(rest)
+	return append(x.orderCandidates(cat, best), rest...)
+}
+
 // bestStanding splits candidates ordered by byStanding into those of the
 // best rank present (what affinity and load order) and the rest.
 func bestStanding(cands []candidate) (best, rest []candidate) {
