@@ -82,8 +82,11 @@ func (h *Health) ActiveDown() bool { return h.activeDown.Load() }
 func (h *Health) Succeeded() {
 	h.mu.Lock()
 	h.failures, h.backoff = 0, 0
-	if h.ejectedUntil.Load() <= time.Now().UnixNano() {
+	if now := time.Now().UnixNano(); h.ejectedUntil.Load() <= now {
 		h.halfOpen.Store(false)
+		if h.ejectedUntil.Load() > now {
+			h.halfOpen.Store(true) // parked meanwhile (Park takes no lock)
+		}
 	}
 	h.mu.Unlock()
 }
