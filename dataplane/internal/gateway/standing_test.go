@@ -41,10 +41,14 @@ func (e *env) attemptsAt(id string) float64 {
 // the kept-in one serves only a retry the healthy one could not.
 func TestCappedAreLastResort(t *testing.T) {
 	t.Parallel()
-	limited := startSim(t, func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 30*time.Second })
+	limited := startSim(t, func(c *vllmsim.Config) {
+		c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 30*time.Second
+	})
 	refusing := startSim(t, nil)
 	require.NoError(t, refusing.SetRefuseConnections(true))
-	full := startSim(t, func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = http.StatusServiceUnavailable, 20*time.Second })
+	full := startSim(t, func(c *vllmsim.Config) {
+		c.Faults.Status, c.Faults.RetryAfter = http.StatusServiceUnavailable, 20*time.Second
+	})
 	good := startSim(t, nil)
 	e := newEnv(t, manyRetries, func(c *Config) {
 		c.MaxRetries, c.MaxEjectionPercent = 3, 50
@@ -109,8 +113,12 @@ func TestCappedAreLastResort(t *testing.T) {
 // the maximum ejection percentage is used when nothing else exists.
 func TestParkedOnlyWhenNothingElse(t *testing.T) {
 	t.Parallel()
-	a := startSim(t, func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 30*time.Second })
-	b := startSim(t, func(c *vllmsim.Config) { c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 20*time.Second })
+	a := startSim(t, func(c *vllmsim.Config) {
+		c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 30*time.Second
+	})
+	b := startSim(t, func(c *vllmsim.Config) {
+		c.Faults.Status, c.Faults.RetryAfter = http.StatusTooManyRequests, 20*time.Second
+	})
 	e := newEnv(t, manyRetries, func(c *Config) { c.MaxEjectionPercent = 50 })
 	tok := e.key("k1", nil)
 	e.group("g")
