@@ -210,3 +210,51 @@ func TestHalfOpenProbe(t *testing.T) {
 	}
 	require.False(t, h.Ejected(time.Now()))
 }
+
+// TestRetryGoesToHealthyNow (vLLM simulators): a retry re-reads the
+// health of the untried candidates. The request's candidates are A, then
+// its fallback groups' B and C, in that order; while its attempt on A
+// runs (1 s, then 502), B answers another request 429 with Retry-After
+// 30 s and is parked: the retry goes to C, the one healthy now, not to B.
+func TestRetryGoesToHealthyNow(t *testing.T) {
+	t.Parallel()
+	a := startSim(t, func(c *vllmsim.Config) { c.Faults.Status, c.Faults.Delay = http.StatusBadGateway, time.Second })
+	b := startSim(t, nil)
+	c := startSim(t, nil)
+	e := newEnv(t, manyRetries)
+	e.snap.ModelGroups = append(e.snap.ModelGroups,
+		&configv1.ModelGroup{PlatformWide: true, Name: "p", Fallbacks: []string{"fb", "fc"}},
+		&configv1.ModelGroup{PlatformWide: true, Name: "fb"}, &configv1.ModelGroup{PlatformWide: true, Name: "fc"})
+	e.deploy("A", "p", a.URL()+"/v1", nil)
+	e.deploy("B", "fb", b.URL()+"/v1", nil)
+	e.deploy("C", "fc", c.URL()+"/v1", nil)
+	tok := e.key("k1", nil)
+	e.apply()
+	type answer struct {
+		status int
+		id     string
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp := e.post(RouteChat, tok, chatBody("p", ""))
+		resp.Body.Close()
+		done <- answer{resp.StatusCode, resp.Header.Get(oai.RequestIDHeader)}
+	}()
+	inFlight := func(id string) float64 {
+		var m dto.Metric
+		require.NoError(t, e.h.series.upstreamInFlight(id).Write(&m))
+		return m.GetGauge().GetValue()
+	}
+	waitFor(t, "the attempt on A", func() bool { return inFlight("A") == 1 })
+	require.NoError(t, b.SetFaults(vllmsim.Faults{Status: http.StatusTooManyRequests, RetryAfter: 30 * time.Second}))
+	ae := readErr(t, e.post(RouteChat, tok, chatBody("fb", "")))
+	require.Equal(t, http.StatusTooManyRequests, ae.Status)
+	require.NoError(t, b.SetFaults(vllmsim.Faults{})) // it would serve, but asked for 30 s of peace
+	require.Equal(t, 1.0, inFlight("A"), "A's attempt still runs")
+	got := <-done
+	require.Equal(t, http.StatusOK, got.status)
+	ev := e.sink.byID(t, got.id)
+	require.Equal(t, "C", ev.DeploymentId, "the retry went to the deployment healthy at the retry")
+	require.Equal(t, int32(2), ev.Attempts)
+	require.Equal(t, 1.0, e.attemptsAt("B"), "B received only the request that parked it")
+}
