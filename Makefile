@@ -101,7 +101,8 @@ bench-proxy: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-3} $(GO) test -run '^$$' -bench BenchmarkProxyOverhead -benchtime 1x -timeout 20m -v ./e2e/system/
 
 ## bench-brownout: the issue-14 brownout through two data planes (docs/resilience.md): attempts per request,
-## client errors, parking, ejections and returns, the pool's out-of-rotation share, then the openai-go
+## client errors by code, attempts by deployment standing, the 429er's requests while parked, the cutter's
+## ejections and returns, the pool's out-of-rotation share, then the openai-go
 ## amplification check. SLUICE_BENCH_BROWNOUT_RATE (200/s) and SLUICE_BENCH_BROWNOUT_SECONDS (60) scale it.
 bench-brownout: services
 	$(GO) test -run '^$$' -bench '^BenchmarkBrownout$$' -benchtime 1x -timeout 20m -v ./e2e/system/

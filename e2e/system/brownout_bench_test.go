@@ -3,6 +3,7 @@ package system
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strconv"
@@ -38,11 +39,16 @@ func envOr(name string, def int) int {
 // load of SLUICE_BENCH_BROWNOUT_RATE streams per second (default 200) for
 // SLUICE_BENCH_BROWNOUT_SECONDS (default 60), alternating between the
 // proxies. Reported: upstream attempts per client request (target ≤ 1.2),
-// client errors by kind, what the 429ing engine received beyond one 429
-// per proxy and parking, the stream-cutter's failures before each
-// ejection and its returns, the largest share of the pool any request
-// found out of rotation. Then the amplification check: openai-go with its
-// default retries against a pool where every engine answers 503.
+// client errors by status and code (refusals, and streams cut mid-way by
+// their error event's code), every deployment's attempts by its standing
+// at the pick and outcome (sluice_proxy_upstream_attempts_total), the
+// requests the 429ing engine received while parked (target 0: the
+// proxies' count at the pick, and a check from outside on the timing of
+// its 429s), the stream-cutter's failures before each ejection and the
+// time to each return (half-open probe), the largest share of the pool
+// any request found out of rotation. Then the amplification check:
+// openai-go with its default retries against a pool where every engine
+// answers 503.
 func BenchmarkBrownout(b *testing.B) {
 	rate := envOr("SLUICE_BENCH_BROWNOUT_RATE", 200)
 	dur := time.Duration(envOr("SLUICE_BENCH_BROWNOUT_SECONDS", 60)) * time.Second
@@ -98,17 +104,28 @@ func BenchmarkBrownout(b *testing.B) {
 
 	b.ResetTimer()
 	for range b.N {
-		var sent, attempts, ok, cut, transport atomic.Int64
+		var sent, attempts, ok, transport atomic.Int64
 		var mu sync.Mutex
-		refused := map[string]int{}
+		refused := map[string]int{} // status and code of refusals
+		cuts := map[string]int{}    // code of the error event of streams cut mid-way
 		var maxOut float64
-		var cutterFailsAtEjection []float64
+		// Per proxy: the cutter's ejections and returns, the 429er's 429s
+		// seen from outside (sampled every 20 ms).
+		type cutterEvent struct {
+			at       time.Duration
+			failures float64 // failures since the previous ejection (ejection), 0 (return)
+			ejection bool
+		}
+		cutterEvents := make([][]cutterEvent, len(ps))
+		limited429Beyond := 0.0 // 429s within a parking of the previous one (same proxy)
 		stop := make(chan struct{})
 		var sampler sync.WaitGroup
+		start := time.Now()
 		sampler.Add(1)
-		go func() { // the share of the pool out of rotation, and the cutter's ejections
+		go func() {
 			defer sampler.Done()
-			lastEj := make([]float64, len(ps))
+			lastEj, lastRet, lastFails, last429 := make([]float64, len(ps)), make([]float64, len(ps)), make([]float64, len(ps)), make([]float64, len(ps))
+			parkedAt := make([]time.Time, len(ps))
 			for {
 				select {
 				case <-stop:
@@ -117,16 +134,38 @@ func BenchmarkBrownout(b *testing.B) {
 				}
 				for i, p := range ps {
 					g := p.DP.Gatherer()
+					now := time.Now()
 					maxOut = max(maxOut, promValue(b, g, "sluice_proxy_pool_out_of_rotation_ratio", map[string]string{"model_group": "qwen"}))
+					// A return and the failed probe that ejects it again often
+					// fall in one sample: the return first.
+					if r := promValue(b, g, "sluice_proxy_deployment_returns_total", map[string]string{"deployment": ids["cutter"], "reason": "ejected"}); r > lastRet[i] {
+						lastRet[i] = r
+						cutterEvents[i] = append(cutterEvents[i], cutterEvent{at: now.Sub(start)})
+					}
 					if ej := promValue(b, g, "sluice_proxy_deployment_ejections_total", map[string]string{"deployment": ids["cutter"], "reason": "failures"}); ej > lastEj[i] {
 						lastEj[i] = ej
-						cutterFailsAtEjection = append(cutterFailsAtEjection, deploymentErrors(b, g, ids["cutter"]))
+						f := deploymentErrors(b, g, ids["cutter"])
+						cutterEvents[i] = append(cutterEvents[i], cutterEvent{now.Sub(start), f - lastFails[i], true})
+						lastFails[i] = f
+					}
+					if n := promValue(b, g, "sluice_proxy_upstream_errors_total", map[string]string{"deployment": ids["limited"], "kind": "status_429"}); n > last429[i] {
+						delta := n - last429[i]
+						last429[i] = n
+						// Requests sent with the one that parked it (before its
+						// answer) arrive within moments of it; one arriving 1 s
+						// or more after it and before the parking's end (less
+						// two samples of slack) was sent while it was parked.
+						switch since := now.Sub(parkedAt[i]); {
+						case parkedAt[i].IsZero() || since >= 30*time.Second-40*time.Millisecond:
+							parkedAt[i] = now
+						case since >= time.Second:
+							limited429Beyond += delta
+						}
 					}
 				}
 			}
 		}()
 		var wg sync.WaitGroup
-		start := time.Now()
 		tick := time.NewTicker(time.Second / time.Duration(rate))
 		for i := 0; time.Since(start) < dur; i++ {
 			<-tick.C
@@ -154,19 +193,21 @@ func BenchmarkBrownout(b *testing.B) {
 						last = sc.Text()
 					}
 				}
+				code := "other"
+				if i := strings.Index(last, `"code":"`); i >= 0 {
+					code = strings.SplitN(last[i+8:], `"`, 2)[0]
+				}
 				switch {
 				case resp.StatusCode != http.StatusOK:
-					code := "other"
-					if i := strings.Index(last, `"code":"`); i >= 0 {
-						code = strings.SplitN(last[i+8:], `"`, 2)[0]
-					}
 					mu.Lock()
 					refused[strconv.Itoa(resp.StatusCode)+" "+code]++
 					mu.Unlock()
 				case last == "[DONE]":
 					ok.Add(1)
 				default:
-					cut.Add(1)
+					mu.Lock()
+					cuts[code]++
+					mu.Unlock()
 				}
 			}(ps[i%2])
 		}
@@ -175,25 +216,62 @@ func BenchmarkBrownout(b *testing.B) {
 		close(stop)
 		sampler.Wait()
 		n := sent.Load()
-		nRefused := 0
+		nRefused, nCut := 0, 0
 		for _, c := range refused {
 			nRefused += c
 		}
-		limited429 := sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": ids["limited"], "kind": "status_429"})
-		parkings := dur / (30 * time.Second)
-		returns := sum("sluice_proxy_deployment_returns_total", map[string]string{"deployment": ids["cutter"], "reason": "ejected"})
+		for _, c := range cuts {
+			nCut += c
+		}
+		// Every upstream attempt by deployment, standing at its pick and
+		// outcome (sluice_proxy_upstream_attempts_total).
+		byDep := map[string]map[string]float64{}
+		for name, id := range ids {
+			byDep[name] = map[string]float64{}
+			for _, p := range ps {
+				for k, v := range attemptsByState(b, p.DP.Gatherer(), id) {
+					byDep[name][k] += v
+				}
+			}
+		}
+		limitedWhileParked := 0.0
+		for k, v := range byDep["limited"] {
+			if strings.HasPrefix(k, "parked/") {
+				limitedWhileParked += v
+			}
+		}
+		limitedReceived := sum("sluice_proxy_upstream_errors_total", map[string]string{"deployment": ids["limited"], "kind": "status_429"})
+		refusals := sum("sluice_proxy_retry_budget_refusals_total", map[string]string{"model_group": "qwen"})
 		perReq := float64(attempts.Load()) / float64(n)
-		b.Logf("brownout: %d streams at %d/s for %s through 2 proxies: %d ok, %d cut mid-stream (typed error event), %d refused %v, %d transport errors",
-			n, rate, dur, ok.Load(), cut.Load(), nRefused, refused, transport.Load())
-		b.Logf("brownout: %d upstream attempts, %.3f per client request (target <= 1.2)", attempts.Load(), perReq)
-		b.Logf("brownout: the 429ing engine received %.0f requests (one per proxy per 30 s parking: %d expected)", limited429, 2*(int(parkings)+1))
-		b.Logf("brownout: the stream-cutter's cumulative failures (this proxy) at each ejection %v; %.0f returns after its backoff", cutterFailsAtEjection, returns)
-		b.Logf("brownout: largest share of the pool out of rotation seen by a request %.2f (max ejection percent 50)", maxOut)
+		elapsed := time.Since(start)
+		b.Logf("brownout: %d streams at %d/s asked (%.0f/s reached) for %s through 2 proxies: %d ok, %d client errors: %d refused %v, %d cut mid-stream %v, %d transport errors",
+			n, rate, float64(n)/dur.Seconds(), dur, ok.Load(), nRefused+nCut, nRefused, refused, nCut, cuts, transport.Load())
+		b.Logf("brownout: %d upstream attempts, %.3f per client request (target <= 1.2); %.0f retries refused by the retry budget", attempts.Load(), perReq, refusals)
+		for _, name := range []string{"flaky", "limited", "cutter", "slow"} {
+			b.Logf("brownout: attempts at %-7s by standing/outcome: %v", name, byDep[name])
+		}
+		b.Logf("brownout: the 429ing engine received %.0f requests, %.0f of them picked while parked (target 0); seen from outside: %.0f 429s 1-30 s after the one that parked it at the same proxy",
+			limitedReceived, limitedWhileParked, limited429Beyond)
+		for i, evs := range cutterEvents {
+			var parts []string
+			var ejAt time.Duration
+			for _, e := range evs {
+				if e.ejection {
+					ejAt = e.at
+					parts = append(parts, fmt.Sprintf("ejected at %.1fs after %.0f failures", e.at.Seconds(), e.failures))
+				} else {
+					parts = append(parts, fmt.Sprintf("back %.1fs later", (e.at-ejAt).Seconds()))
+				}
+			}
+			b.Logf("brownout: the stream-cutter at proxy %d (ejection base 1 s, doubling): %s", i, strings.Join(parts, "; "))
+		}
+		b.Logf("brownout: largest share of the pool out of rotation seen by a request %.2f (max ejection percent 50); run took %s",
+			maxOut, elapsed.Round(time.Millisecond))
 		b.ReportMetric(perReq, "attempts/req")
 		b.ReportMetric(float64(nRefused)/float64(n), "refused/req")
-		b.ReportMetric(float64(cut.Load())/float64(n), "cut/req")
+		b.ReportMetric(float64(nCut)/float64(n), "cut/req")
 		b.ReportMetric(maxOut, "max-out-ratio")
-		b.ReportMetric(limited429, "limited-received")
+		b.ReportMetric(limitedWhileParked, "limited-while-parked")
 
 		// Amplification: openai-go's default retries (2) against a pool
 		// where every engine answers 503.
@@ -235,6 +313,36 @@ func BenchmarkBrownout(b *testing.B) {
 			calls, failed.Load(), time.Since(ampStart).Round(time.Millisecond), up, up/calls)
 		b.ReportMetric(up/calls, "upstream/sdk-call")
 	}
+}
+
+// attemptsByState returns sluice_proxy_upstream_attempts_total of one
+// deployment by "state/outcome".
+func attemptsByState(tb testing.TB, g prometheus.Gatherer, id string) map[string]float64 {
+	mfs, err := g.Gather()
+	require.NoError(tb, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_proxy_upstream_attempts_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var dep, state, outcome string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "deployment":
+					dep = l.GetValue()
+				case "state":
+					state = l.GetValue()
+				case "outcome":
+					outcome = l.GetValue()
+				}
+			}
+			if dep == id {
+				out[state+"/"+outcome] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }
 
 // deploymentErrors sums sluice_proxy_upstream_errors_total of one

@@ -25,9 +25,11 @@ import (
 // Retry-After 30 s, one cutting every stream after 3 chunks, one healthy
 // but slow — and streaming requests through a real data plane. Retries
 // stay within the attempt and retry budgets, the 429ing engine is parked
-// after its first 429, and the stream-cutter is ejected within a few
-// failures, so almost every request succeeds; those over the retry budget
-// get a typed error with retry-after.
+// after its first 429 and receives nothing while parked (the maximum
+// ejection percentage keeps deployments in rotation as last resorts
+// only), and the stream-cutter is ejected within a few failures, so every
+// request succeeds but the few streams the cutter cut; a refusal would
+// carry a typed error with retry-after.
 func TestBrownout(t *testing.T) {
 	t.Parallel()
 	d := startDist(t)
@@ -45,10 +47,14 @@ func TestBrownout(t *testing.T) {
 	m := d.modelClient()
 	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "qwen", PlatformWide: true}))
 	require.NoError(t, err)
+	var limitedID string
 	for _, s := range []*vllmsim.Server{flaky, limited, cutter, slow} {
-		_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "qwen", ApiBase: s.URL() + "/v1",
+		dep, err := m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "qwen", ApiBase: s.URL() + "/v1",
 			UpstreamModel: vllmsim.DefaultModel, Weight: 1, Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 3e-6}}))
 		require.NoError(t, err)
+		if s == limited {
+			limitedID = dep.Msg.GetDeployment().GetId()
+		}
 	}
 	ten := d.NewTenant("brownout")
 	p := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.MaxRetries = 3 })
@@ -59,11 +65,17 @@ func TestBrownout(t *testing.T) {
 	var attempts, ok, streamErrs, refused, badRefusal atomic.Int64
 	var next atomic.Int64
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var refusedAt []int64 // the refused requests' order of arrival
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for next.Add(1) <= n {
+			for {
+				i := next.Add(1)
+				if i > n {
+					break
+				}
 				req, _ := http.NewRequest(http.MethodPost, p.URL+"/v1/chat/completions",
 					strings.NewReader(`{"model":"qwen","messages":[{"role":"user","content":"hi"}],"max_tokens":8,"stream":true}`))
 				req.Header.Set("Authorization", "Bearer "+ten.Token)
@@ -87,6 +99,10 @@ func TestBrownout(t *testing.T) {
 				switch {
 				case resp.StatusCode != http.StatusOK:
 					refused.Add(1)
+					mu.Lock()
+					refusedAt = append(refusedAt, i)
+					mu.Unlock()
+					t.Logf("request %d refused: %d %s", i, resp.StatusCode, last)
 					// Typed, with the hints a client retries on.
 					if !strings.Contains(last, `"code":"upstream_`) || resp.Header.Get("Retry-After-Ms") == "" {
 						badRefusal.Add(1)
@@ -112,4 +128,23 @@ func TestBrownout(t *testing.T) {
 	// The cutter is ejected after 3 cuts, for 1 s then doubling: few
 	// streams reach it.
 	require.LessOrEqual(t, streamErrs.Load(), int64(15), "the stream-cutter was not ejected")
+	// The deployments the maximum ejection percentage keeps in rotation
+	// are last resorts behind the healthy one, so no retry is needed
+	// beyond the flaky engine's own failures: nobody is refused, and the
+	// 429ing engine receives nothing while parked.
+	// The only refusals are the retry budget's at a cold start (its
+	// window holds a handful of requests while the 429ing and flaky
+	// engines are found out): among the first requests.
+	budgetRefusals := promValue(t, p.DP.Gatherer(), "sluice_proxy_retry_budget_refusals_total", map[string]string{"model_group": "qwen"})
+	require.Equal(t, float64(refused.Load()), budgetRefusals, "a client refused other than by the retry budget")
+	for _, i := range refusedAt {
+		require.LessOrEqual(t, i, int64(4*workers), "a client refused after the cold start while the healthy deployment could serve it")
+	}
+	whileParked := 0.0
+	for k, v := range attemptsByState(t, p.DP.Gatherer(), limitedID) {
+		if strings.HasPrefix(k, "parked/") {
+			whileParked += v
+		}
+	}
+	require.Zero(t, whileParked, "the 429ing engine received requests while parked")
 }

@@ -221,8 +221,15 @@ func (h *Handler) Explain(ctx context.Context, scope ExplainScope, q *configv1.E
 	}
 
 	// order: the routing choice and the chain of retries elsewhere
-	x.startAffinity(ctx, hd, cands)
-	cands = append(x.orderCandidates(cat, cands), fallbacks...)
+	best, rest := bestStanding(cands)
+	x.startAffinity(ctx, hd, best)
+	cands = x.chainOrder(cat, best, rest, fallbacks)
+	for _, c := range cands {
+		if c.standing.Rank() > 0 {
+			tr.Notes = append(tr.Notes, fmt.Sprintf("deployment %s is a last resort (%s, kept in rotation by the maximum ejection percentage): tried after every healthy one",
+				c.d.GetId(), c.standing.Label(&c.st.Health, time.Now())))
+		}
+	}
 	for _, sk := range x.skipped {
 		tr.Notes = append(tr.Notes, fmt.Sprintf("fallback group %s skipped: %s", sk.group, sk.why))
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/forward"
 	"github.com/sluicegw/sluice/dataplane/internal/openai"
+	"github.com/sluicegw/sluice/dataplane/internal/upstream"
 )
 
 // forward tries the candidates in order: one attempt per deployment (a
@@ -39,6 +40,12 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
 			h.m.retryRefusals.WithLabelValues(x.group).Inc()
 			return pushback(last)
+		}
+		if x.attempts > 0 {
+			// The health of the untried candidates may have changed since
+			// the list was made (this request's failures among them): a
+			// retry goes to one healthy now.
+			restand(cands[next:], time.Now())
 		}
 		var c *candidate
 		// A first attempt queues behind waiting requests of its class or a
@@ -72,11 +79,13 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 			h.series.group(x.group).retries.Inc()
 		}
 		x.attempts++
+		state := c.standing.Label(&c.st.Health, time.Now())
 		w.Header().Set(openai.HeaderAttempts, strconv.Itoa(x.attempts))
 		w.Header().Set(openai.HeaderModelGroup, c.d.GetModelGroup())
 		x.dep = c.d
 		x.progressAttempt()
 		out := x.attemptHeld(ctx, clientCtx, w, c)
+		h.m.attempts.WithLabelValues(c.d.GetId(), state, x.attemptOutcome(out)).Inc()
 		if out.Err == nil {
 			return nil
 		}
@@ -99,7 +108,22 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait *time.Duration, recovering *bool) (*candidate, *openai.Error) {
 	for ; *next < len(cands); *next++ {
 		cand := &cands[*next]
+		// A half-open deployment takes one probe at a time; while another
+		// request's probe runs it is skipped.
+		probe := cand.standing == upstream.Probe
+		if probe && !cand.st.Health.TryProbe() {
+			continue
+		}
+		release := func() {
+			cand.st.Slots.Release()
+			if probe {
+				cand.st.Health.EndProbe()
+			}
+		}
 		if !cand.st.Slots.TryAcquire(cand.d.GetMaxConcurrency()) {
+			if probe {
+				cand.st.Health.EndProbe()
+			}
 			continue
 		}
 		// The fleet-wide max_concurrency lease (Redis), after the
@@ -108,10 +132,10 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 		dl, rej, e := x.admitDeployment(ctx, cand.d, est)
 		switch {
 		case e != nil:
-			cand.st.Slots.Release()
+			release()
 			return nil, e
 		case rej != nil:
-			cand.st.Slots.Release()
+			release()
 			if *wait == 0 || rej.RetryAfter < *wait {
 				*wait = rej.RetryAfter
 			}
@@ -128,6 +152,48 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 		return cand, nil
 	}
 	return nil, nil
+}
+
+// attemptOutcome names an attempt's outcome in
+// sluice_proxy_upstream_attempts_total{outcome}: ok, retryable (failed
+// before any byte reached the client, another deployment may serve it),
+// failed (the request's answer is an error: not retryable, or a stream
+// that failed after its first event), client_closed.
+func (x *exchange) attemptOutcome(out forward.Outcome) string {
+	switch {
+	case out.Err == nil && x.errCode == openai.CodeClientClosed, out.Err != nil && out.Err.Code == openai.CodeClientClosed:
+		return "client_closed"
+	case out.Err == nil && x.errCode == "":
+		return "ok"
+	case out.Retry:
+		return "retryable"
+	}
+	return "failed"
+}
+
+// restand refreshes the standing of untried candidates from their health
+// at now and reorders them by it (byStanding): one that failed, was
+// parked or ejected since the list was made moves behind the healthy
+// ones, one whose ejection ended becomes a probe. Panic stands.
+func restand(cands []candidate, now time.Time) {
+	for i := range cands {
+		c := &cands[i]
+		h := &c.st.Health
+		switch {
+		case c.standing == upstream.Panic:
+		case !h.Ejected(now) && h.HalfOpen(now):
+			c.standing = upstream.Probe
+		case !h.Ejected(now):
+			c.standing = upstream.Healthy
+		default:
+			if reason, _, out := h.Out(now); out && reason == upstream.OutParked {
+				c.standing = upstream.CappedParked
+			} else {
+				c.standing = upstream.Capped
+			}
+		}
+	}
+	byStanding(cands)
 }
 
 // pushback is the answer of a request whose retry the model group's
@@ -173,6 +239,9 @@ func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWr
 		g.Dec()
 		x.endPrefill(false) // the lease's release below removes its fleet-wide part
 		x.h.queues.Ended(x.classEnum)
+		if c.standing == upstream.Probe {
+			c.st.Health.EndProbe() // the attempt's outcome closed, re-ejected or left it half-open
+		}
 		c.st.Slots.Release()
 		x.releaseDeploymentLease()
 		x.h.queues.Notify(x.group) // a slot of this proxy's is free

@@ -12,10 +12,13 @@ import (
 // configured objects, never request text; a requested name that resolves
 // to no group is counted under model_group "".
 type metrics struct {
-	requests         *prometheus.CounterVec
-	duration         *prometheus.HistogramVec
-	ttft             *prometheus.HistogramVec
-	upstreamErrors   *prometheus.CounterVec
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	ttft           *prometheus.HistogramVec
+	upstreamErrors *prometheus.CounterVec
+	// attempts counts upstream attempts by deployment, its standing at
+	// the pick (upstream.Standing.Label) and outcome (attemptOutcome).
+	attempts         *prometheus.CounterVec
 	credentialErrors *prometheus.CounterVec
 	// responseRecordErrors counts Responses whose deployment could not be
 	// recorded (protocols.go).
@@ -69,6 +72,10 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 			Name: "sluice_proxy_upstream_errors_total",
 			Help: "Failed upstream attempts by deployment and kind (refused, connect, timeout, transport, status_5xx, status_429, stream).",
 		}, []string{"deployment", "kind"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_upstream_attempts_total",
+			Help: "Upstream attempts by deployment, its standing when picked (healthy, probe: half-open, panic, and the last resorts kept in rotation by the maximum ejection percentage: ejected, probing, health_check, parked) and outcome (ok, retryable, failed, client_closed).",
+		}, []string{"deployment", "state", "outcome"}),
 		responseRecordErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_proxy_response_record_errors_total",
 			Help: "OpenAI Responses whose deployment could not be recorded in Redis (follow-ups naming them are refused).",
@@ -154,7 +161,7 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 			Help: "Request bodies being read now (bounded by --max-body-reads).",
 		}, func() float64 { return float64(bodyReads()) }),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.upstreamErrors, m.credentialErrors,
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.upstreamErrors, m.attempts, m.credentialErrors,
 		m.ejections, m.retries, m.retryRefusals, m.healthReturns, m.ejectionReturns, m.deploymentsOut, m.poolOut, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
 		m.budgetAlerts, m.pendingSettles, m.settleFailures, m.settlesWithoutRecord, m.leasesReasserted,
 		m.preauthRefusals, m.bodyFailures, m.bodyReads, m.responseRecordErrors} {

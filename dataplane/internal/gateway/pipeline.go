@@ -189,12 +189,16 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) *openai.Error {
 	if e := x.admission(ctx, w, cat, r.Header); e != nil { // admission (traffic class)
 		return e
 	}
-	x.startAffinity(ctx, r.Header, cands) // affinity lookup, concurrent with the limits call (affinity.go)
+	// Affinity and load order the healthy candidates; the last resorts
+	// (ejected or parked, kept in by the maximum ejection percentage) of
+	// every group come after the healthy ones of the fallbacks (route.go).
+	best, rest := bestStanding(cands)
+	x.startAffinity(ctx, r.Header, best) // affinity lookup, concurrent with the limits call (affinity.go)
 	// limits (limits.go), estimated over every group that may serve
 	if e := x.admit(ctx, w, append(cands[:len(cands):len(cands)], fallbacks...)); e != nil {
 		return e
 	}
-	cands = append(x.orderCandidates(cat, cands), fallbacks...) // session pin, prefix, bounded load (affinity.go); fallbacks after
+	cands = x.chainOrder(cat, best, rest, fallbacks) // session pin, prefix, bounded load (affinity.go); the rest after
 	if x.lease != nil {
 		x.leases.main = x.lease
 		x.startRenewal()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	oai "github.com/sluicegw/sluice/dataplane/internal/openai"
@@ -340,5 +341,11 @@ func TestParkMaxAndEjectionPercent(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		seen[e2.sink.byID(t, resp.Header.Get(oai.RequestIDHeader)).DeploymentId] = true
 	}
-	require.Equal(t, map[string]bool{"a": true, "d": true}, seen, "at most 50% out: the parking ending first is used again")
+	// At most 50% out: the parking ending first (a) is kept in rotation,
+	// as a last resort behind the healthy d (TestCappedAreLastResort,
+	// TestParkedOnlyWhenNothingElse: it serves when nothing else can).
+	require.Equal(t, map[string]bool{"d": true}, seen, "a parked deployment kept in by the cap is a last resort")
+	var g dto.Metric
+	require.NoError(t, e2.h.m.poolOut.WithLabelValues("g").Write(&g))
+	require.Equal(t, 0.5, g.GetGauge().GetValue(), "at most 50% out of rotation")
 }

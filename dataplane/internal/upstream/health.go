@@ -37,24 +37,57 @@ type Health struct {
 	// (Park), cleared by an ejection for failures: the reason the fleet
 	// view shows.
 	parked atomic.Bool
+	// halfOpen is set by a timed ejection or parking: from its end until
+	// an attempt succeeds the deployment is half-open, taking one probe
+	// request at a time (probing set while it runs); a failure of the
+	// probe ejects it again at once with the next backoff.
+	halfOpen atomic.Bool
+	probing  atomic.Bool
 
 	mu       sync.Mutex
 	failures int
 	backoff  time.Duration
 }
 
-// Ejected reports whether the deployment is ejected or parked at now.
+// Ejected reports whether the deployment is ejected or parked at now, or
+// half-open with its probe in flight (out until the probe answers).
 func (h *Health) Ejected(now time.Time) bool {
-	return h.activeDown.Load() || h.ejectedUntil.Load() > now.UnixNano()
+	return h.activeDown.Load() || h.ejectedUntil.Load() > now.UnixNano() || (h.halfOpen.Load() && h.probing.Load())
 }
+
+// HalfOpen reports whether the deployment's timed ejection or parking
+// ended at now and no attempt succeeded since: the next attempt is a
+// probe (TryProbe).
+func (h *Health) HalfOpen(now time.Time) bool {
+	return h.halfOpen.Load() && !h.activeDown.Load() && h.ejectedUntil.Load() <= now.UnixNano()
+}
+
+// TryProbe takes the probe of a half-open deployment: false when another
+// attempt holds it. The attempt releases it with EndProbe whatever its
+// outcome (a success closes the deployment, a failure ejects it again).
+func (h *Health) TryProbe() bool { return h.probing.CompareAndSwap(false, true) }
+
+// EndProbe releases the probe TryProbe took. An attempt that neither
+// succeeded nor failed (a 4xx, the client leaving, a TTFT deadline)
+// leaves the deployment half-open for the next probe.
+func (h *Health) EndProbe() { h.probing.Store(false) }
 
 // ActiveDown reports whether the active health check finds it down.
 func (h *Health) ActiveDown() bool { return h.activeDown.Load() }
 
-// Succeeded resets the failure count.
+// Succeeded resets the failure count and the backoff, and closes a
+// half-open deployment (a success of an attempt that started before a
+// timed ejection still running says nothing of its end: the deployment
+// stays half-open for its return).
 func (h *Health) Succeeded() {
 	h.mu.Lock()
 	h.failures, h.backoff = 0, 0
+	if now := time.Now().UnixNano(); h.ejectedUntil.Load() <= now {
+		h.halfOpen.Store(false)
+		if h.ejectedUntil.Load() > now {
+			h.halfOpen.Store(true) // parked meanwhile (Park takes no lock)
+		}
+	}
 	h.mu.Unlock()
 }
 
@@ -67,7 +100,10 @@ func (h *Health) Failed(now time.Time) time.Duration {
 
 // FailedBackoff is Failed with the ejection backoff of the deployment's
 // model group: base for the first ejection, doubling up to maxBackoff
-// while it keeps failing (a zero argument takes the default).
+// while it keeps failing (a zero argument takes the default). A failure
+// while a timed ejection runs is not counted (the attempt started before
+// it: the ejection accounts for it already); one failure of a half-open
+// deployment ejects it again.
 func (h *Health) FailedBackoff(now time.Time, base, maxBackoff time.Duration) time.Duration {
 	if base <= 0 {
 		base = EjectBase
@@ -77,8 +113,11 @@ func (h *Health) FailedBackoff(now time.Time, base, maxBackoff time.Duration) ti
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.ejectedUntil.Load() > now.UnixNano() && !h.parked.Load() {
+		return 0
+	}
 	h.failures++
-	if h.failures < EjectAfterFailures {
+	if h.failures < EjectAfterFailures && !h.HalfOpen(now) {
 		return 0
 	}
 	h.failures = 0
@@ -90,6 +129,7 @@ func (h *Health) FailedBackoff(now time.Time, base, maxBackoff time.Duration) ti
 	}
 	h.ejectedUntil.Store(now.Add(h.backoff).UnixNano())
 	h.parked.Store(false)
+	h.halfOpen.Store(true)
 	return h.backoff
 }
 
@@ -105,9 +145,17 @@ func (h *Health) Park(now time.Time, d time.Duration) time.Duration {
 		}
 		if h.ejectedUntil.CompareAndSwap(cur, until) {
 			h.parked.Store(true)
+			h.halfOpen.Store(true)
 			return d
 		}
 	}
+}
+
+// parkedNow reports whether the deployment is out at now by a
+// Retry-After parking (not a failure ejection or its health check).
+func (h *Health) parkedNow(now time.Time) bool {
+	reason, _, out := h.Out(now)
+	return out && reason == OutParked
 }
 
 // Out reasons (the fleet view, metrics).
