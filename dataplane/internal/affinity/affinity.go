@@ -145,19 +145,31 @@ func (s *Store) PinKey(org, group, session string) string {
 	return s.cfg.KeyPrefix + "{o:" + org + "}:aff:" + hex.EncodeToString(sum[:16])
 }
 
-// Lookup is the answer of one lookup.
+// Lookup is the answer of one lookup. A lookup that fails or times out
+// may have answered part of its commands; the error says which did not.
 type Lookup struct {
-	// Pinned is the deployment the session is pinned to ("": none, or no
-	// session was asked).
+	// Pinned is the deployment the session is pinned to ("": none, no
+	// session was asked, or the pin could not be read: see PinRead).
 	Pinned string
+	// PinRead is set when the pin was asked and Redis answered for it
+	// (found or absent). A pin asked and not read is unknown: the session
+	// may well be pinned, so the caller must neither treat it as a new
+	// session nor write a pin over it.
+	PinRead bool
 	// Loads are the fleet-wide live lease counts of the load keys asked,
 	// in order (-1: unknown).
 	Loads []int64
 }
 
+// LoadsComplete reports whether every load asked was answered. Partial
+// loads must not be mixed with a proxy's own counts for the rest: a
+// candidate whose fleet-wide count is missing would look idle next to
+// the others.
+func (l Lookup) LoadsComplete() bool { return !slices.Contains(l.Loads, -1) }
+
 // Lookup reads the pin of pinKey (skipped when empty) and counts the live
 // leases (score above now, in ms) of each of loadKeys, in one pipelined
-// call.
+// call bounded by the store's call timeout.
 func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, now time.Time) (Lookup, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
@@ -181,8 +193,10 @@ func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, no
 		if pin != nil {
 			switch v, err := pin.Result(); {
 			case err == nil:
-				out.Pinned = v
-			case !errors.Is(err, redis.Nil):
+				out.Pinned, out.PinRead = v, true
+			case errors.Is(err, redis.Nil):
+				out.PinRead = true
+			default:
 				errs = append(errs, err)
 			}
 		}
@@ -203,18 +217,31 @@ func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, no
 		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", k, nowMS, "+inf"}})
 	}
 	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
+	var bad []error
 	if pinKey != "" {
-		if errs[0] == nil && vals[0].Kind == '$' {
-			out.Pinned = vals[0].Str
+		switch {
+		case errs[0] != nil:
+			bad = append(bad, errs[0])
+		case vals[0].IsNil():
+			out.PinRead = true
+		case vals[0].Kind == '$':
+			out.Pinned, out.PinRead = vals[0].Str, true
+		default:
+			bad = append(bad, fmt.Errorf("affinity: GET answered kind %q", vals[0].Kind))
 		}
 		vals, errs = vals[1:], errs[1:]
 	}
 	for i := range vals {
-		if errs[i] == nil && vals[i].Kind == ':' {
+		switch {
+		case errs[i] != nil:
+			bad = append(bad, errs[i])
+		case vals[i].Kind == ':':
 			out.Loads[i] = vals[i].Int
+		default:
+			bad = append(bad, fmt.Errorf("affinity: ZCOUNT answered kind %q", vals[i].Kind))
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, errors.Join(bad...)
 }
 
 // Pin sets (or refreshes) the pin of pinKey to deployment for ttl.

@@ -29,11 +29,19 @@ type affinityEnv struct {
 
 func newAffinityEnv(t *testing.T, edit func(d *configv1.Deployment)) *affinityEnv {
 	t.Helper()
-	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+	return newAffinityEnvVia(t, redisAddr, 0, edit)
+}
+
+// newAffinityEnvVia is newAffinityEnv with the affinity store reaching
+// Redis at addr (a relay in front of it) with the given call timeout (0:
+// the default); the limits keep the direct connection.
+func newAffinityEnvVia(t *testing.T, addr string, callTimeout time.Duration, edit func(d *configv1.Deployment)) *affinityEnv {
+	t.Helper()
+	pipe, err := redispipe.New(redispipe.Options{Addr: addr})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = pipe.Close() })
 	le := newLimitsEnv(t)
-	store, err := affinity.New(affinity.Config{Conn: &redisconn.Conn{Pipe: pipe}, KeyPrefix: le.prefix})
+	store, err := affinity.New(affinity.Config{Conn: &redisconn.Conn{Pipe: pipe}, KeyPrefix: le.prefix, CallTimeout: callTimeout})
 	require.NoError(t, err)
 	le.h.cfg.Affinity = store // before any request
 	ae := &affinityEnv{limitsEnv: le, store: store}

@@ -93,16 +93,21 @@ func (x *exchange) startLoadLookup(ctx context.Context, cands []candidate) {
 }
 
 // loadedOf returns each candidate's load: its fleet-wide lease count when
-// the lookup answered for it, else this proxy's in-flight count.
+// the lookup answered for every candidate asked, else this proxy's
+// in-flight count. A lookup answered in part (it timed out midway) counts
+// as not answered: a candidate whose fleet-wide count is missing would
+// look idle next to the others' and draw every request.
 func (x *exchange) loadedOf(cands []candidate, look affinityLookup) []routing.Loaded {
 	loaded := make([]routing.Loaded, len(cands))
+	fleet := look.res.Loads
+	if !look.res.LoadsComplete() {
+		fleet = nil
+	}
 	li := 0
 	for i, c := range cands {
 		loaded[i] = routing.Loaded{ID: c.d.GetId(), Weight: int64(c.d.GetWeight()), Load: c.st.Slots.InFlight()}
-		if c.d.GetMaxConcurrency() > 0 && x.h.cfg.Limiter != nil && li < len(look.res.Loads) {
-			if n := look.res.Loads[li]; n >= 0 {
-				loaded[i].Load = n
-			}
+		if c.d.GetMaxConcurrency() > 0 && x.h.cfg.Limiter != nil && li < len(fleet) {
+			loaded[i].Load = fleet[li]
 			li++
 		}
 	}
