@@ -43,7 +43,7 @@ func newAffinityMetrics(reg prometheus.Registerer) (*affinityMetrics, error) {
 		Name: "sluice_proxy_affinity_total",
 		Help: "Affinity decisions by kind (session, prefix) and outcome: hit (served where the session is pinned or the prefix hashes), " +
 			"miss (a session without a pin), override (the pin or the prefix's replica was skipped: filtered out, ejected, full, above the load bound), " +
-			"dropped (a pin to a deployment that no longer exists), error (the lookup failed; routed without it).",
+			"dropped (a pin to a deployment that no longer exists), error (the lookup failed or timed out: routed on this proxy's own loads, an unread pin kept; instead of the other outcomes).",
 	}, []string{"kind", "outcome"})}
 	if err := reg.Register(m.decisions); err != nil {
 		return nil, err

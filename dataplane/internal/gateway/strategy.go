@@ -195,7 +195,7 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		}, []string{"input"}),
 		loadLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_proxy_load_lookups_total",
-			Help: "Failed reads of the fleet-wide in-flight counts for least_outstanding and engine_load (outcome=error: ordered by this proxy's own counts).",
+			Help: "Failed or timed-out reads of the fleet-wide in-flight counts for least_outstanding and engine_load (outcome=error: ordered by this proxy's own counts, for every candidate).",
 		}, []string{"outcome"}),
 	}
 	for _, c := range []prometheus.Collector{m.polls, m.engineLoad, m.loadLookups} {
