@@ -105,16 +105,17 @@ func startClusterNode(t testing.TB, bin, dir string) string {
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start redis-server: %v", err)
 		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		var exitErr error
+		exited := make(chan struct{})
+		go func() { exitErr = cmd.Wait(); close(exited) }()
 		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 		up := false
 		deadline := time.Now().Add(10 * time.Second)
 	wait:
 		for time.Now().Before(deadline) {
 			select {
-			case err := <-exited:
-				lastErr = fmt.Errorf("redis-server on port %d exited: %v", port, err)
+			case <-exited:
+				lastErr = fmt.Errorf("redis-server on port %d exited: %w", port, exitErr)
 				break wait
 			default:
 			}
