@@ -36,12 +36,12 @@ type limitsEnv struct {
 	*env
 	// rdb is a *redis.Client, or a *redis.ClusterClient for the tests
 	// run on a Redis Cluster (TestRoutingOnCluster).
-	rdb    redis.UniversalClient
+	rdb redis.UniversalClient
 	// cluster is the data plane's Redis Cluster connection (nil: one
 	// Redis), which the limiter uses.
 	cluster *redisconn.Conn
 	prefix  string
-	lim    *limits.Limiter
+	lim     *limits.Limiter
 	// seedErr, when set, fails the limiter's budget seed requests; else
 	// every budget window is seeded with zero spend (an empty ledger).
 	seedErr atomic.Pointer[error]
