@@ -114,7 +114,7 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		return nil, err
 	}
 	d.rdb = rdb
-	aff, err := affinity.New(affinity.Config{Conn: rdb, KeyPrefix: cfg.RedisKeyPrefix})
+	aff, err := affinity.New(affinity.Config{Conn: rdb, KeyPrefix: cfg.RedisKeyPrefix, CallTimeout: affinityCallTimeout(cfg.LimitsCallTimeout)})
 	if err != nil {
 		d.closeClients()
 		return nil, err

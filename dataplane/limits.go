@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/sluicegw/sluice/dataplane/internal/affinity"
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
@@ -170,6 +171,16 @@ func limitsSetup(cfg *Config, seeds limits.SeedFunc) (*limits.Limiter, *rediscon
 		return nil, nil, err
 	}
 	return lim, rdb, nil
+}
+
+// affinityCallTimeout bounds the affinity lookups and pin writes: their
+// default (100 ms), or the limits deadline when an operator set a longer
+// one. The lookup runs beside the admission call, which already waits up
+// to that deadline on the same Redis, so a Redis that needs it for limits
+// gets it for routing too instead of every lookup timing out and every
+// proxy routing on its own counts (docs/routing.md, "Round trips").
+func affinityCallTimeout(limitsCall time.Duration) time.Duration {
+	return max(affinity.DefaultCallTimeout, limitsCall)
 }
 
 // bootstrapEpochs marks the limits state of orgs and deployments created by

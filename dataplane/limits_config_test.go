@@ -65,3 +65,12 @@ func TestServerConfigValidation(t *testing.T) {
 		require.Contains(t, errs, want)
 	}
 }
+
+// The affinity lookups get 100 ms, or the limits deadline when an
+// operator set a longer one for a slow Redis (the lookup runs beside the
+// admission call on the same Redis).
+func TestAffinityCallTimeoutFollowsLimits(t *testing.T) {
+	require.Equal(t, 100*time.Millisecond, affinityCallTimeout(DefaultLimitsCallTimeout))
+	require.Equal(t, 100*time.Millisecond, affinityCallTimeout(0))
+	require.Equal(t, time.Second, affinityCallTimeout(time.Second))
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/sluicegw/sluice/dataplane"
 	"github.com/sluicegw/sluice/e2e/harness"
 	"github.com/sluicegw/sluice/e2e/vllmsim"
+	"github.com/sluicegw/sluice/internal/testsvc"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
 
@@ -31,8 +32,9 @@ type affinityRig struct {
 func startAffinityRig(t *testing.T) *affinityRig { return startAffinityRigConc(t, 64) }
 
 // startAffinityRigConc is startAffinityRig with every deployment's
-// max_concurrency set to maxConc (fleet-wide leases).
-func startAffinityRigConc(t *testing.T, maxConc int64) *affinityRig {
+// max_concurrency set to maxConc (fleet-wide leases); opts adjust the
+// proxies' configs.
+func startAffinityRigConc(t *testing.T, maxConc int64, opts ...func(*dataplane.Config)) *affinityRig {
 	d := startDist(t)
 	ctx := context.Background()
 	m := d.modelClient()
@@ -52,7 +54,7 @@ func startAffinityRigConc(t *testing.T, maxConc int64) *affinityRig {
 	for range 2 {
 		// A generous limits deadline: this shared machine runs at a load
 		// far above its cores, and a refused lease would move a turn.
-		p := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitsCallTimeout = time.Second })
+		p := d.StartProxy("default", time.Minute, append([]func(*dataplane.Config){func(c *dataplane.Config) { c.LimitsCallTimeout = time.Second }}, opts...)...)
 		harness.Eventually(t, func() bool { return len(p.DP.Catalog().Deployments("agents")) == 3 }, 10*time.Second, 10*time.Millisecond)
 		harness.WaitStatus(t, p, r.tok, http.StatusOK, 10*time.Second)
 		r.proxies = append(r.proxies, p)
@@ -213,7 +215,22 @@ func (r *affinityRig) pinnedSession(msgs []map[string]string) (string, int) {
 // proxy) is skipped for one turn; the next turn returns to the pin.
 func TestAffinityPinnedEngineFull(t *testing.T) {
 	t.Parallel()
-	r := startAffinityRigConc(t, 1)
+	pinnedEngineFull(t, startAffinityRigConc(t, 1))
+}
+
+// The same on a 3-master Redis Cluster (--redis-cluster): the session's
+// pin (its org's slot) and the engines' fleet-wide leases (each engine's
+// own slot) live on different nodes, and both proxies see them.
+func TestAffinityPinnedEngineFullOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	rc := testsvc.StartRedisCluster(t)
+	pinnedEngineFull(t, startAffinityRigConc(t, 1, func(c *dataplane.Config) { c.RedisClusterAddrs = rc.Addrs }))
+}
+
+// pinnedEngineFull: a full engine (its fleet-wide max_concurrency of 1
+// taken through proxy 0) is skipped for one turn through proxy 1; the
+// next turns return to the pin.
+func pinnedEngineFull(t *testing.T, r *affinityRig) {
 	msgs := []map[string]string{{"role": "user", "content": "hello"}}
 	session, pinned := r.pinnedSession(msgs)
 	// Hold the pinned engine's one slot: a slow request through proxy 0.

@@ -61,8 +61,12 @@ func startStrategyRig(t *testing.T, nSims, nProxies int, maxConc int64, routing 
 		r.proxies = append(r.proxies, p)
 	}
 	// New deployments' concurrency counts are in quarantine for their
-	// first moments (limits_recovering, docs/limits.md): wait until every
-	// proxy's requests pass several times in a row.
+	// first moments (limits_recovering, docs/limits.md), each from its
+	// first admission, and a quarantined deployment is skipped like a
+	// full one: wait until every proxy's requests pass several times in a
+	// row and every engine has served one of them (so none is still in
+	// quarantine when a test starts: every request would land on the
+	// others).
 	body := `{"model":"s","max_tokens":2,"messages":[{"role":"user","content":"warm"}]}`
 	harness.Eventually(t, func() bool {
 		for range 2 * nSims {
@@ -70,6 +74,11 @@ func startStrategyRig(t *testing.T, nSims, nProxies int, maxConc int64, routing 
 				if code, err := r.send(context.Background(), p, body); err != nil || code != http.StatusOK {
 					return false
 				}
+			}
+		}
+		for _, s := range r.sims {
+			if s.Stats().PromptTokens == 0 {
+				return false
 			}
 		}
 		return true

@@ -145,11 +145,17 @@ func (s *Store) PinKey(org, group, session string) string {
 	return s.cfg.KeyPrefix + "{o:" + org + "}:aff:" + hex.EncodeToString(sum[:16])
 }
 
-// Lookup is the answer of one lookup.
+// Lookup is the answer of one lookup. A lookup that fails or times out
+// may have answered part of its commands; the error says which did not.
 type Lookup struct {
-	// Pinned is the deployment the session is pinned to ("": none, or no
-	// session was asked).
+	// Pinned is the deployment the session is pinned to ("": none, no
+	// session was asked, or the pin could not be read: see PinRead).
 	Pinned string
+	// PinRead is set when the pin was asked and Redis answered for it
+	// (found or absent). A pin asked and not read is unknown: the session
+	// may well be pinned, so the caller must neither treat it as a new
+	// session nor write a pin over it.
+	PinRead bool
 	// Loads are the fleet-wide live lease counts of the load keys asked,
 	// in order (-1: unknown).
 	Loads []int64
@@ -210,9 +216,15 @@ type Keys struct {
 	PrefillField string
 }
 
+// LoadsComplete reports whether every load asked was answered. Partial
+// loads must not be mixed with a proxy's own counts for the rest: a
+// candidate whose fleet-wide count is missing would look idle next to
+// the others.
+func (l Lookup) LoadsComplete() bool { return !slices.Contains(l.Loads, -1) }
+
 // Lookup reads the pin of pinKey (skipped when empty) and counts the live
 // leases (score above now, in ms) of each of loadKeys, in one pipelined
-// call.
+// call bounded by the store's call timeout.
 func (s *Store) Lookup(ctx context.Context, pinKey string, loadKeys []string, now time.Time) (Lookup, error) {
 	return s.LookupKeys(ctx, Keys{Pin: pinKey, Loads: loadKeys}, now)
 }
@@ -253,8 +265,10 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 		if pin != nil {
 			switch v, err := pin.Result(); {
 			case err == nil:
-				out.Pinned = v
-			case !errors.Is(err, redis.Nil):
+				out.Pinned, out.PinRead = v, true
+			case errors.Is(err, redis.Nil):
+				out.PinRead = true
+			default:
 				errs = append(errs, err)
 			}
 			if v, err := turn.Result(); err == nil {
@@ -291,9 +305,17 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 		cmds = append(cmds, redispipe.Cmd{Args: []any{"HGET", key, k.PrefillField}})
 	}
 	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
+	var bad []error
 	if k.Pin != "" {
-		if errs[0] == nil && vals[0].Kind == '$' {
-			out.Pinned = vals[0].Str
+		switch {
+		case errs[0] != nil:
+			bad = append(bad, errs[0])
+		case vals[0].IsNil():
+			out.PinRead = true
+		case vals[0].Kind == '$':
+			out.Pinned, out.PinRead = vals[0].Str, true
+		default:
+			bad = append(bad, fmt.Errorf("affinity: GET answered kind %q", vals[0].Kind))
 		}
 		if errs[1] == nil && vals[1].Kind == '$' {
 			out.Turn = decodeTurn(vals[1].Str)
@@ -301,23 +323,29 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 		vals, errs = vals[2:], errs[2:]
 	}
 	for i := range k.Loads {
-		if errs[i] == nil && vals[i].Kind == ':' {
+		switch {
+		case errs[i] != nil:
+			bad = append(bad, errs[i])
+		case vals[i].Kind == ':':
 			out.Loads[i] = vals[i].Int
+		default:
+			bad = append(bad, fmt.Errorf("affinity: ZCOUNT answered kind %q", vals[i].Kind))
 		}
 	}
 	vals, errs = vals[len(k.Loads):], errs[len(k.Loads):]
 	for i := range k.Prefill {
-		if errs[i] != nil {
-			continue
-		}
-		switch vals[i].Kind {
-		case '$':
-			out.Prefill[i], _ = strconv.ParseInt(vals[i].Str, 10, 64)
-		case 0: // nil: no prefill recorded
+		switch {
+		case errs[i] != nil:
+			bad = append(bad, errs[i])
+		case vals[i].IsNil(): // no prefill recorded
 			out.Prefill[i] = 0
+		case vals[i].Kind == '$':
+			out.Prefill[i], _ = strconv.ParseInt(vals[i].Str, 10, 64)
+		default:
+			bad = append(bad, fmt.Errorf("affinity: HGET answered kind %q", vals[i].Kind))
 		}
 	}
-	return out, errors.Join(errs...)
+	return out, errors.Join(bad...)
 }
 
 // Pin sets (or refreshes) the pin of pinKey to deployment for ttl.

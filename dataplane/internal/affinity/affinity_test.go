@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
+	"github.com/sluicegw/sluice/internal/testsvc"
 )
 
 func TestSessionID(t *testing.T) {
@@ -48,45 +49,83 @@ func TestStore(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr})
 	t.Cleanup(func() { _ = rdb.Close() })
 	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", addr)
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	prefix := "aff" + hex.EncodeToString(b[:]) + ":"
 	conn, err := redisconn.Open("redis://"+addr+"/0", nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	_, err = New(Config{Conn: conn, KeyPrefix: "a{b"})
 	require.Error(t, err)
-	s, err := New(Config{Conn: conn, KeyPrefix: prefix})
+	testStore(t, conn, rdb)
+}
+
+// TestStoreCluster: the same on a 3-master Redis Cluster, where the pin
+// (the org's slot) and the load keys (each deployment's slot) sit on
+// different nodes: one lookup still reads them all, with the same
+// answers as on one Redis.
+func TestStoreCluster(t *testing.T) {
+	rc := testsvc.StartRedisCluster(t)
+	conn, err := redisconn.Open("", rc.Addrs)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	testStore(t, conn, rc.Client(t))
+}
+
+// testStore checks pins and load counts through conn (rdb: the same Redis
+// for setup and checks).
+func testStore(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalClient) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "aff" + hex.EncodeToString(b[:]) + ":"
+	// A generous deadline: a Cluster client's first call also loads the
+	// slot map and dials every node, on a loaded test machine.
+	s, err := New(Config{Conn: conn, KeyPrefix: prefix, CallTimeout: time.Second})
 	require.NoError(t, err)
 	ctx := context.Background()
 	key := s.PinKey("o1", "g", "s1")
 	require.NotEqual(t, key, s.PinKey("o1", "g2", "s1"))
 	require.NotEqual(t, key, s.PinKey("o2", "g", "s1"))
+	now := time.Now()
+	// Load keys as the limits lay them out: each deployment's own hash tag.
+	var lks []string
+	for _, d := range []string{"d1", "d2", "d3", "none"} {
+		lks = append(lks, prefix+"{o:deployment:"+d+"}:par:deployment:"+d)
+	}
 	t.Cleanup(func() {
-		keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-		if len(keys) > 0 {
-			rdb.Del(ctx, keys...)
+		for _, k := range append([]string{key}, lks...) {
+			rdb.Del(ctx, k)
 		}
 	})
-	now := time.Now()
-	lk := prefix + "loads"
-	rdb.ZAdd(ctx, lk, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "live1"},
-		redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "live2"},
-		redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "expired"})
-	got, err := s.Lookup(ctx, key, []string{lk, prefix + "none"}, now)
+	live := func(k string, n int) {
+		for i := range n {
+			rdb.ZAdd(ctx, k, redis.Z{Score: float64(now.Add(time.Minute).UnixMilli()), Member: "live" + strconv.Itoa(i)})
+		}
+		rdb.ZAdd(ctx, k, redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "expired"})
+	}
+	live(lks[0], 2)
+	live(lks[1], 0)
+	live(lks[2], 5)
+	got, err := s.Lookup(ctx, key, lks, now)
 	require.NoError(t, err)
-	require.Equal(t, Lookup{Pinned: "", Loads: []int64{2, 0}}, got)
+	require.Equal(t, Lookup{Pinned: "", PinRead: true, Loads: []int64{2, 0, 5, 0}}, got)
+	require.True(t, got.LoadsComplete())
 	require.NoError(t, s.Pin(ctx, key, "d1", time.Hour))
 	got, err = s.Lookup(ctx, key, nil, now)
 	require.NoError(t, err)
-	require.Equal(t, "d1", got.Pinned)
+	require.Equal(t, Lookup{Pinned: "d1", PinRead: true, Loads: []int64{}}, got)
 	ttl, err := rdb.PTTL(ctx, key).Result()
 	require.NoError(t, err)
 	require.Greater(t, ttl, 59*time.Minute, strconv.FormatInt(int64(ttl), 10))
 	// No session: loads only.
-	got, err = s.Lookup(ctx, "", []string{lk}, now)
+	got, err = s.Lookup(ctx, "", lks[:1], now)
 	require.NoError(t, err)
 	require.Equal(t, Lookup{Loads: []int64{2}}, got)
+	// A lookup whose deadline has passed: nothing known, an error.
+	dead, cancel := context.WithDeadline(ctx, now.Add(-time.Second))
+	defer cancel()
+	got, err = s.Lookup(dead, key, lks, now)
+	require.Error(t, err)
+	require.False(t, got.PinRead)
+	require.Empty(t, got.Pinned)
+	require.False(t, got.LoadsComplete())
 }
 
 // TestStoreTurnsAndPrefill: a pin written with its turn is read back with
@@ -118,7 +157,7 @@ func TestStoreTurnsAndPrefill(t *testing.T) {
 		require.NoError(t, rdb.HSet(ctx, pk, "pt", 4096).Err())
 		got, err := s.LookupKeys(ctx, Keys{Pin: key, Prefill: []string{pk, prefix + "none"}, PrefillField: "pt"}, time.Now())
 		require.NoError(t, err)
-		require.Equal(t, Lookup{Pinned: "d2", Loads: []int64{}, Prefill: []int64{4096, 0},
+		require.Equal(t, Lookup{Pinned: "d2", PinRead: true, Loads: []int64{}, Prefill: []int64{4096, 0},
 			Turn: Turn{Deployment: "d2", Prompt: 20000, Completion: 300, Estimate: 18000}}, got)
 		ttl, err := rdb.PTTL(ctx, key+":turn").Result()
 		require.NoError(t, err)

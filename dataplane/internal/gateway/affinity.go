@@ -44,7 +44,7 @@ func newAffinityMetrics(reg prometheus.Registerer) (*affinityMetrics, error) {
 		Name: "sluice_proxy_affinity_total",
 		Help: "Affinity decisions by kind (session, prefix) and outcome: hit (served where the session is pinned or the prefix hashes), " +
 			"miss (a session without a pin), override (the pin or the prefix's replica was skipped: filtered out, ejected, full, above the load bound), " +
-			"dropped (a pin to a deployment that no longer exists), error (the lookup failed; routed without it).",
+			"dropped (a pin to a deployment that no longer exists), error (the lookup failed or timed out: routed on this proxy's own loads, an unread pin kept; instead of the other outcomes).",
 	}, []string{"kind", "outcome"})}
 	if err := reg.Register(m.decisions); err != nil {
 		return nil, err
@@ -63,6 +63,10 @@ type affinityState struct {
 	lookup chan affinityLookup
 	// pinned is the deployment the session is pinned to ("": none).
 	pinned string
+	// lookupFailed: the lookup failed or timed out (wholly or in part);
+	// pinUnknown: the session's pin in particular was not read, so it may
+	// exist and must not be overwritten.
+	lookupFailed, pinUnknown bool
 	// pinGone: pinned names a deployment the group no longer has.
 	pinGone bool
 	// first is the deployment ordered first, reason why.
@@ -205,12 +209,20 @@ func (x *exchange) orderByStrategy(cat *catalog.Catalog, cands []candidate) []ca
 		}
 		return cands
 	}
-	look, fresh := x.awaitLookup()
-	if fresh && look.err != nil {
-		x.h.affm.decisions.WithLabelValues(x.affKind(), "error").Inc()
+	look, _ := x.awaitLookup()
+	if a.lookup != nil {
+		// A failed or timed-out lookup degrades to what this proxy knows:
+		// the rendezvous order of the session or prefix over its own
+		// loads (each candidate's, never a mix with the fleet-wide counts
+		// that did arrive), like a new session; a pin that was not read is
+		// unknown and kept (settleAffinity writes nothing over it).
+		// Counted once per request in settleAffinity (outcome error).
+		a.lookupFailed = look.err != nil
+		a.pinUnknown = a.pinKey != "" && !look.res.PinRead
 	}
 	a.turn = look.res.Turn
-	// Loads: fleet-wide lease counts where known, else this instance's.
+	// Loads: fleet-wide lease counts when all are known, else this
+	// instance's.
 	loaded := x.loadedOf(cands, look)
 	order, overloaded := routing.BoundedRendezvous(a.prefix, loaded, x.rt.loadFactor)
 	out := make([]candidate, 0, len(cands))
@@ -278,7 +290,9 @@ func (x *exchange) routingReason() string {
 // settleAffinity counts the decision and pins or refreshes the session's
 // pin once a deployment served it (off the request path). A pin to a
 // deployment that was skipped (filtered out, ejected, full) is kept for
-// the session's return; a pin to one that no longer exists is replaced.
+// the session's return; a pin to one that no longer exists is replaced;
+// a pin that could not be read (the lookup failed or timed out) is left
+// as it is. A failed lookup counts as outcome error, once.
 func (x *exchange) settleAffinity() {
 	a := &x.aff
 	if !a.hasKey || x.dep == nil {
@@ -286,29 +300,36 @@ func (x *exchange) settleAffinity() {
 	}
 	served := x.dep.GetId()
 	ok := x.status > 0 && x.status < 400
-	kind := x.affKind()
+	outcome, write := "", false
 	switch {
 	case a.session == "":
-		if ok {
-			if served == a.first && a.reason == reasonPrefix {
-				x.h.affm.decisions.WithLabelValues(kind, "hit").Inc()
-			} else {
-				x.h.affm.decisions.WithLabelValues(kind, "override").Inc()
-			}
+		switch {
+		case !ok:
+		case served == a.first && a.reason == reasonPrefix:
+			outcome = "hit"
+		default:
+			outcome = "override"
 		}
-		return
+	case a.pinUnknown:
+		// The session may be pinned elsewhere: writing a pin to where
+		// this request went would move it for good.
 	case a.pinned == served:
-		x.h.affm.decisions.WithLabelValues(kind, "hit").Inc()
+		outcome, write = "hit", true
 	case a.pinned == "":
-		x.h.affm.decisions.WithLabelValues(kind, "miss").Inc()
+		outcome, write = "miss", true
 	case a.pinGone:
-		x.h.affm.decisions.WithLabelValues(kind, "dropped").Inc()
+		outcome, write = "dropped", true
 	default:
-		x.h.affm.decisions.WithLabelValues(kind, "override").Inc()
-		return // the pin is kept for the session's return
+		outcome = "override" // the pin is kept for the session's return
+	}
+	if a.lookupFailed {
+		outcome = "error"
+	}
+	if outcome != "" {
+		x.h.affm.decisions.WithLabelValues(x.affKind(), outcome).Inc()
 	}
 	store := x.h.cfg.Affinity
-	if !ok || store == nil || a.pinKey == "" {
+	if !write || !ok || store == nil || a.pinKey == "" {
 		return
 	}
 	key, ttl, log, id := a.pinKey, x.rt.sessionTTL, x.h.log, x.id

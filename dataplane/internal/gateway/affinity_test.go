@@ -29,11 +29,30 @@ type affinityEnv struct {
 
 func newAffinityEnv(t *testing.T, edit func(d *configv1.Deployment)) *affinityEnv {
 	t.Helper()
-	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pipe.Close() })
+	return newAffinityEnvVia(t, redisAddr, 0, edit)
+}
+
+// newAffinityEnvVia is newAffinityEnv with the affinity store reaching
+// Redis at addr (a relay in front of it) with the given call timeout (0:
+// the default); the limits keep the direct connection.
+func newAffinityEnvVia(t *testing.T, addr string, callTimeout time.Duration, edit func(d *configv1.Deployment)) *affinityEnv {
+	t.Helper()
 	le := newLimitsEnv(t)
-	store, err := affinity.New(affinity.Config{Conn: &redisconn.Conn{Pipe: pipe}, KeyPrefix: le.prefix})
+	var conn *redisconn.Conn
+	if le.cluster != nil {
+		// On a Redis Cluster (TestRoutingOnCluster) the store shares the
+		// limiter's connection, as in a data plane.
+		conn = le.cluster
+		if callTimeout == 0 {
+			callTimeout = time.Second // a Cluster client's first calls load the slot map and dial every node
+		}
+	} else {
+		pipe, err := redispipe.New(redispipe.Options{Addr: addr})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pipe.Close() })
+		conn = &redisconn.Conn{Pipe: pipe}
+	}
+	store, err := affinity.New(affinity.Config{Conn: conn, KeyPrefix: le.prefix, CallTimeout: callTimeout})
 	require.NoError(t, err)
 	le.h.cfg.Affinity = store // before any request
 	ae := &affinityEnv{limitsEnv: le, store: store}

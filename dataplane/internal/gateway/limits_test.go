@@ -22,6 +22,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/openai"
+	"github.com/sluicegw/sluice/dataplane/internal/redisconn"
 	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
@@ -33,9 +34,14 @@ const redisAddr = "127.0.0.1:6379"
 // the test's own.
 type limitsEnv struct {
 	*env
-	rdb    *redis.Client
-	prefix string
-	lim    *limits.Limiter
+	// rdb is a *redis.Client, or a *redis.ClusterClient for the tests
+	// run on a Redis Cluster (TestRoutingOnCluster).
+	rdb redis.UniversalClient
+	// cluster is the data plane's Redis Cluster connection (nil: one
+	// Redis), which the limiter uses.
+	cluster *redisconn.Conn
+	prefix  string
+	lim     *limits.Limiter
 	// seedErr, when set, fails the limiter's budget seed requests; else
 	// every budget window is seeded with zero spend (an empty ledger).
 	seedErr atomic.Pointer[error]
@@ -43,18 +49,33 @@ type limitsEnv struct {
 
 func newLimitsEnv(t *testing.T, opts ...envOpt) *limitsEnv {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, MaxRetries: -1})
-	t.Cleanup(func() { _ = rdb.Close() })
-	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", redisAddr)
 	var b [6]byte
 	_, _ = rand.Read(b[:])
 	prefix := "pt" + hex.EncodeToString(b[:]) + ":"
+	lc := limits.Config{KeyPrefix: prefix, CallTimeout: 200 * time.Millisecond}
+	var rdb redis.UniversalClient
+	var conn *redisconn.Conn
+	if rc := onCluster(t); rc != nil {
+		// The data plane's Cluster connection (redisconn.Open); rdb, a
+		// client of its own, for the tests' checks.
+		var err error
+		conn, err = redisconn.Open("", rc.Addrs)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		rdb, lc.Client = rc.Client(t), conn.Cluster
+		lc.CallTimeout = time.Second // a Cluster client's first calls load the slot map and dial every node
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { _ = rdb.Close() })
+		pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pipe.Close() })
+		lc.Pipe = pipe
+	}
+	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", redisAddr)
 	t.Cleanup(func() { delPrefix(rdb, prefix) })
-	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pipe.Close() })
-	le := &limitsEnv{rdb: rdb, prefix: prefix}
-	lim, err := limits.New(limits.Config{Pipe: pipe, KeyPrefix: prefix, CallTimeout: 200 * time.Millisecond,
+	le := &limitsEnv{rdb: rdb, prefix: prefix, cluster: conn}
+	lim, err := limits.New(limits.Config{Pipe: lc.Pipe, Client: lc.Client, KeyPrefix: prefix, CallTimeout: lc.CallTimeout,
 		Seeds: func(_ context.Context, _ string, needs []limits.SeedNeed) ([]int64, error) {
 			if err := le.seedErr.Load(); err != nil {
 				return nil, *err
@@ -73,21 +94,38 @@ func newLimitsEnv(t *testing.T, opts ...envOpt) *limitsEnv {
 	return le
 }
 
-func delPrefix(rdb *redis.Client, prefix string) {
+func delPrefix(rdb redis.UniversalClient, prefix string) {
 	ctx := context.Background()
-	keys, _ := rdb.Keys(ctx, prefix+"*").Result()
-	if len(keys) > 0 {
-		rdb.Del(ctx, keys...)
+	for _, k := range keysOf(rdb, prefix+"*") {
+		rdb.Del(ctx, k) // one by one: a Cluster's keys are on several slots
 	}
+}
+
+// keysOf returns the keys matching pattern, from every master of a
+// Cluster.
+func keysOf(rdb redis.UniversalClient, pattern string) []string {
+	ctx := context.Background()
+	if c, ok := rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		var out []string
+		_ = c.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error {
+			keys, err := n.Keys(ctx, pattern).Result()
+			mu.Lock()
+			out = append(out, keys...)
+			mu.Unlock()
+			return err
+		})
+		return out
+	}
+	keys, _ := rdb.Keys(ctx, pattern).Result()
+	return keys
 }
 
 // leases counts the live concurrency leases under the env's prefix.
 func (le *limitsEnv) leases() int64 {
 	ctx := context.Background()
-	keys, err := le.rdb.Keys(ctx, le.prefix+"*:par:*").Result()
-	require.NoError(le.t, err)
 	var n int64
-	for _, k := range keys {
+	for _, k := range keysOf(le.rdb, le.prefix+"*:par:*") {
 		c, err := le.rdb.ZCount(ctx, k, strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
 		require.NoError(le.t, err)
 		n += c

@@ -102,16 +102,21 @@ func (x *exchange) startLoadLookup(ctx context.Context, cands []candidate) {
 }
 
 // loadedOf returns each candidate's load: its fleet-wide lease count when
-// the lookup answered for it, else this proxy's in-flight count.
+// the lookup answered for every candidate asked, else this proxy's
+// in-flight count. A lookup answered in part (it timed out midway) counts
+// as not answered: a candidate whose fleet-wide count is missing would
+// look idle next to the others' and draw every request.
 func (x *exchange) loadedOf(cands []candidate, look affinityLookup) []routing.Loaded {
 	loaded := make([]routing.Loaded, len(cands))
+	fleet := look.res.Loads
+	if !look.res.LoadsComplete() {
+		fleet = nil
+	}
 	li := 0
 	for i, c := range cands {
 		loaded[i] = routing.Loaded{ID: c.d.GetId(), Weight: int64(c.d.GetWeight()), Load: c.st.Slots.InFlight()}
-		if c.d.GetMaxConcurrency() > 0 && x.h.cfg.Limiter != nil && li < len(look.res.Loads) {
-			if n := look.res.Loads[li]; n >= 0 {
-				loaded[i].Load = n
-			}
+		if c.d.GetMaxConcurrency() > 0 && x.h.cfg.Limiter != nil && li < len(fleet) {
+			loaded[i].Load = fleet[li]
 			li++
 		}
 	}
@@ -196,7 +201,7 @@ func newEngineMetrics(reg prometheus.Registerer) (*engineMetrics, error) {
 		}, []string{"input"}),
 		loadLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_proxy_load_lookups_total",
-			Help: "Failed reads of the fleet-wide in-flight counts for least_outstanding and engine_load (outcome=error: ordered by this proxy's own counts).",
+			Help: "Failed or timed-out reads of the fleet-wide in-flight counts for least_outstanding and engine_load (outcome=error: ordered by this proxy's own counts, for every candidate).",
 		}, []string{"outcome"}),
 	}
 	for _, c := range []prometheus.Collector{m.polls, m.engineLoad, m.loadLookups} {

@@ -3,71 +3,53 @@ package limits
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"os/exec"
-	"path/filepath"
-	"strconv"
-	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/internal/testsvc"
 )
 
-// freePort returns a port p such that p and its cluster bus port p+10000
-// are both free right now.
-func freePort(t *testing.T) int {
-	for range 100 {
-		p := 20000 + rand.IntN(20000)
-		ok := true
-		for _, q := range []int{p, p + 10000} {
-			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-			if err != nil {
-				ok = false
-				break
-			}
-			_ = ln.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatal("no free port pair")
-	return 0
-}
+// testCluster is the Redis Cluster of TestClusterStore's subtests
+// (setup picks it for tests under "cluster/").
+var testCluster atomic.Pointer[testsvc.RedisCluster]
 
-// startCluster starts three redis-server processes in cluster mode in
-// t.TempDir() and joins them into a cluster with no replicas.
-func startCluster(t *testing.T) []string {
-	dir := t.TempDir()
-	var addrs []string
-	for i := range 3 {
-		port := freePort(t)
-		cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-			"--cluster-enabled", "yes", "--cluster-config-file", filepath.Join(dir, fmt.Sprintf("nodes-%d.conf", i)),
-			"--dir", dir, "--save", "", "--appendonly", "no")
-		require.NoError(t, cmd.Start(), "the cluster test needs redis-server")
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		addr := "127.0.0.1:" + strconv.Itoa(port)
-		addrs = append(addrs, addr)
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.Eventually(t, func() bool { return c.Ping(context.Background()).Err() == nil }, 5*time.Second, 20*time.Millisecond)
-		_ = c.Close()
+// startCluster starts a 3-master Redis Cluster for one test.
+func startCluster(t *testing.T) []string { return testsvc.StartRedisCluster(t).Addrs }
+
+// TestClusterStore runs the limiter's tests on a 3-master Redis Cluster,
+// with the same assertions as on one Redis: admission, renewal,
+// settlement (single and batched across orgs), cancellation, leases,
+// budget seeds, peeks, sweeps and quota slices. Every script call's keys
+// must share one slot (a call touching two fails with CROSSSLOT), and the
+// results must be those of the single-node run.
+func TestClusterStore(t *testing.T) {
+	testCluster.Store(testsvc.StartRedisCluster(t))
+	for _, tc := range []struct {
+		name string
+		f    func(*testing.T)
+	}{
+		{"AdmitAllOrNothing", TestAdmitAllOrNothing}, {"RPMSlidingWindow", TestRPMSlidingWindow},
+		{"TPMReconcile", TestTPMReconcile}, {"LeasesReleaseAndHeal", TestLeasesReleaseAndHeal},
+		{"SettleIdempotent", TestSettleIdempotent}, {"BudgetReserveReconcile", TestBudgetReserveReconcile},
+		{"BudgetConcurrentNeverOvershoots", TestBudgetConcurrentNeverOvershoots},
+		{"EpochQuarantineAfterStateLoss", TestEpochQuarantineAfterStateLoss},
+		{"BootstrapSkipsQuarantineOnlyForNewOrgs", TestBootstrapSkipsQuarantineOnlyForNewOrgs},
+		{"SettleWithoutRecordChargesActual", TestSettleWithoutRecordChargesActual},
+		{"SettleBatch", TestSettleBatch}, {"CancelUndoesALateAdmission", TestCancelUndoesALateAdmission},
+		{"Peek", TestPeekReadsWhatAdmissionCountsAndWritesNothing},
+		{"UnseededAdmitsNothingUntilSeeded", TestUnseededAdmitsNothingUntilSeeded},
+		{"WriteSeedsNeverOverwrites", TestWriteSeedsNeverOverwrites},
+		{"ReassertedReservationJoinsTheSeed", TestReassertedReservationJoinsTheSeed},
+		{"SweepSettlesALostRequest", TestSweepSettlesALostRequestWithItsLastReport}, {"SweepersRace", TestSweepersRace},
+		{"SweepAfterStateLoss", TestSweepAfterStateLoss},
+		{"SlicesZeroRoundTrips", TestSlicesZeroRoundTrips},
+	} {
+		t.Run("cluster/"+tc.name, tc.f)
 	}
-	args := append([]string{"--cluster", "create"}, addrs...)
-	out, err := exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	for _, addr := range addrs {
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		require.Eventually(t, func() bool {
-			info, err := c.ClusterInfo(context.Background()).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok")
-		}, 10*time.Second, 50*time.Millisecond)
-		_ = c.Close()
-	}
-	return addrs
 }
 
 // TestCluster runs admission, renewal and settlement with every scope kind

@@ -27,7 +27,9 @@ const redisAddr = "127.0.0.1:6379"
 // bundle is what setup returns: a client on the machine's Redis, a limiter
 // whose keys carry a random per-test prefix, and an org for the test.
 type bundle struct {
-	rdb    *redis.Client
+	// rdb is a *redis.Client, or a *redis.ClusterClient under
+	// TestClusterStore.
+	rdb    redis.UniversalClient
 	lim    *Limiter
 	prefix string
 	org    string
@@ -48,14 +50,22 @@ func randHex(t testing.TB) string {
 // quarantine test, which uses a fresh org).
 func setup(t testing.TB, mod func(*Config)) *bundle {
 	t.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	var rdb redis.UniversalClient
+	if rc := testCluster.Load(); rc != nil && strings.Contains(t.Name(), "/cluster/") {
+		// TestClusterStore: the same test on a 3-master Redis Cluster.
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, ContextTimeoutEnabled: true})
+	} else {
+		rdb = redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+	}
 	t.Cleanup(func() { _ = rdb.Close() })
 	require.NoError(t, rdb.Ping(context.Background()).Err(), "the limits tests need Redis at %s", redisAddr)
 	prefix := "sluice-test-" + randHex(t) + ":"
 	t.Cleanup(func() { deleteKeys(t, rdb, prefix) })
 	led := &fakeLedger{}
 	cfg := Config{KeyPrefix: prefix, CallTimeout: time.Second, Seeds: led.seeds}
-	if strings.Contains(t.Name(), "/goredis/") {
+	if _, ok := rdb.(*redis.ClusterClient); ok {
+		cfg.Client = rdb
+	} else if strings.Contains(t.Name(), "/goredis/") {
 		// TestGoRedisStore: the same test through go-redis (the store of
 		// Redis Cluster).
 		cfg.Client = rdb
@@ -79,17 +89,36 @@ func (b *bundle) primeEpoch(t testing.TB, org string) {
 	require.NoError(t, b.rdb.Set(context.Background(), newKeyBuilder(b.prefix, org).epoch(), 0, 0).Err())
 }
 
-// deleteKeys removes every key under prefix (the test's "FLUSH").
-func deleteKeys(t testing.TB, rdb *redis.Client, prefix string) {
+// scanKeys returns every key under prefix, from every master of a
+// Cluster.
+func scanKeys(t testing.TB, rdb redis.UniversalClient, prefix string) []string {
 	ctx := context.Background()
-	iter := rdb.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+	var mu sync.Mutex
 	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock()
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
 	}
-	require.NoError(t, iter.Err())
-	if len(keys) > 0 {
-		require.NoError(t, rdb.Del(ctx, keys...).Err())
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		require.NoError(t, c.ForEachMaster(ctx, scan))
+	case *redis.Client:
+		require.NoError(t, scan(ctx, c))
+	default:
+		t.Fatalf("scanKeys: %T", rdb)
+	}
+	return keys
+}
+
+// deleteKeys removes every key under prefix (the test's "FLUSH").
+func deleteKeys(t testing.TB, rdb redis.UniversalClient, prefix string) {
+	for _, k := range scanKeys(t, rdb, prefix) { // one by one: a Cluster's keys are on several slots
+		require.NoError(t, rdb.Del(context.Background(), k).Err())
 	}
 }
 

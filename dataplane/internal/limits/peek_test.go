@@ -12,13 +12,11 @@ func (b *bundle) dump(t *testing.T) map[string]string {
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]string{}
-	iter := b.rdb.Scan(ctx, 0, b.prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		v, err := b.rdb.Dump(ctx, iter.Val()).Result()
+	for _, k := range scanKeys(t, b.rdb, b.prefix) {
+		v, err := b.rdb.Dump(ctx, k).Result()
 		require.NoError(t, err)
-		out[iter.Val()] = v
+		out[k] = v
 	}
-	require.NoError(t, iter.Err())
 	return out
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
@@ -61,11 +62,19 @@ func newSliceFleet(t *testing.T, n int, window, bucket time.Duration, sc SliceCo
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {
-		pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = pipe.Close() })
 		cfg := b.lim.cfg
-		cfg.Client, cfg.Pipe, cfg.Slices = nil, pipe, sc
+		cfg.Slices = sc
+		if _, ok := b.rdb.(*redis.ClusterClient); ok {
+			// TestClusterStore: each instance with its own Cluster client.
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testCluster.Load().Addrs, ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			cfg.Client, cfg.Pipe = c, nil
+		} else {
+			pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = pipe.Close() })
+			cfg.Client, cfg.Pipe = nil, pipe
+		}
 		lim, err := New(cfg)
 		require.NoError(t, err)
 		cs := &countStore{store: lim.store, calls: map[*script]int{}}
