@@ -117,7 +117,7 @@ func TestListAlertsValidation(t *testing.T) {
 		req  *adminv1.ListAlertsRequest
 		want string
 	}{
-		{&adminv1.ListAlertsRequest{ScopeKind: "project"}, "scope_kind: must be one of key, user, member, team, org, customer, key_model, team_model"},
+		{&adminv1.ListAlertsRequest{ScopeKind: "deployment"}, "scope_kind: must be one of key, user, member, team, org, customer, project, tag, key_model, team_model"},
 		{&adminv1.ListAlertsRequest{ScopeId: strings.Repeat("x", 201)}, "scope_id: must be at most 200 bytes"},
 		// NUL is refused for every RPC before the handler (checkText).
 		{&adminv1.ListAlertsRequest{OrgId: "org_\x00"}, "org_id: must not contain NUL"},

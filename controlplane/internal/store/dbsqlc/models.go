@@ -207,6 +207,16 @@ type KeyOldHash struct {
 	CreatedAt     time.Time
 }
 
+type LabelScope struct {
+	ID        string
+	OrgID     string
+	Kind      string
+	Name      string
+	Limits    []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
 type ModelGroup struct {
 	Name         string
 	Description  string
