@@ -179,10 +179,11 @@ var builders = map[string]func(o objs) string{
 	"CreateAlertWebhook": func(o objs) string {
 		return `{"org_id":"` + o.OrgID + `","url":"https://hooks.example.com/` + u() + `"}`
 	},
-	"ListAlertWebhooks":   func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
-	"DeleteAlertWebhook":  func(o objs) string { return `{"id":"` + o.WebhookID + `"}` },
-	"ListAlertDeliveries": func(o objs) string { return `{"org_id":"` + o.OrgID + `","state":"dead"}` },
-	"RetryAlertDelivery":  func(o objs) string { return `{"delivery_id":"` + o.DeliveryID + `"}` },
+	"ListAlertWebhooks":        func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"DeleteAlertWebhook":       func(o objs) string { return `{"id":"` + o.WebhookID + `"}` },
+	"RotateAlertWebhookSecret": func(o objs) string { return `{"id":"` + o.WebhookID + `","grace_period":"1h"}` },
+	"ListAlertDeliveries":      func(o objs) string { return `{"org_id":"` + o.OrgID + `","state":"dead"}` },
+	"RetryAlertDelivery":       func(o objs) string { return `{"delivery_id":"` + o.DeliveryID + `"}` },
 
 	"CreateModelGroup": func(o objs) string {
 		return `{"name":"mg-` + u() + `","description":"d","routing":{"strategy":"affinity","session_ttl":"1800s","load_factor":1.5}}`

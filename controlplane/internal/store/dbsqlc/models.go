@@ -45,13 +45,16 @@ type AlertDelivery struct {
 }
 
 type AlertWebhook struct {
-	ID               string
-	OrgID            string
-	Url              string
-	Description      string
-	SecretCiphertext []byte
-	CreatedAt        time.Time
-	CreatedBy        string
+	ID                       string
+	OrgID                    string
+	Url                      string
+	Description              string
+	SecretCiphertext         []byte
+	CreatedAt                time.Time
+	CreatedBy                string
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	SecretRotatedAt          *time.Time
 }
 
 type AuditExport struct {
