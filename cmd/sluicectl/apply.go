@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -140,13 +141,15 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 	st := &liveState{cl: cl, orgs: map[string]*adminv1.Org{}, orgName: map[string]string{},
 		teams: map[string]*adminv1.Team{}, users: map[string]*adminv1.User{},
 		groups: map[string]*adminv1.ModelGroup{}, deps: map[string][]*adminv1.Deployment{}}
-	// Model groups name the orgs they are granted to.
-	if set.covered[kindOrg] || set.covered[kindTeam] || set.covered[kindUser] || set.covered[kindModelGroup] {
+	// Model groups name the orgs they are granted to: a token that may
+	// not list orgs (an org token reading model groups) sees grants by id.
+	orgsNeeded := set.covered[kindOrg] || set.covered[kindTeam] || set.covered[kindUser]
+	if orgsNeeded || set.covered[kindModelGroup] {
 		orgs, err := collect(ctx, 0, func(ctx context.Context, size int32, tok string) ([]*adminv1.Org, string, error) {
 			r, err := call(ctx, cl.orgs.ListOrgs, &adminv1.ListOrgsRequest{PageSize: size, PageToken: tok})
 			return r.GetOrgs(), r.GetNextPageToken(), err
 		})
-		if err != nil {
+		if err != nil && (orgsNeeded || !permissionDenied(err)) {
 			return nil, fmt.Errorf("list orgs: %w", err)
 		}
 		for _, o := range orgs {
@@ -200,7 +203,7 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 			r, err := call(ctx, cl.models.ListModelGroupGrants, &adminv1.ListModelGroupGrantsRequest{PageSize: size, PageToken: tok})
 			return r.GetGrants(), r.GetNextPageToken(), err
 		})
-		if err != nil {
+		if err != nil && !permissionDenied(err) {
 			return nil, fmt.Errorf("list model group grants: %w", err)
 		}
 		for _, gr := range grants {
@@ -217,6 +220,12 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 		}
 	}
 	return st, nil
+}
+
+// permissionDenied reports whether err is the server's permission_denied.
+func permissionDenied(err error) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.err.Code() == connect.CodePermissionDenied
 }
 
 func listModelGroups(ctx context.Context, cl *clients) ([]*adminv1.ModelGroup, error) {

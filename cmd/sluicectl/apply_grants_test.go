@@ -59,6 +59,12 @@ func TestApplyGrantsModelGroups(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Equal(t, "Applied: no changes.\n", r.stdout)
 
+	// An org token reads the group it is granted (its grants as far as it may see them).
+	var created map[string]any
+	require.NoError(t, json.Unmarshal([]byte(root.ok("token", "create", "--scope", "org", "--org", alpha, "--role", "viewer", "--name", "alpha-viewer", "-o", "json")), &created))
+	viewer := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+created["token"].(string))
+	require.Contains(t, viewer.ok("get", "model-group", "private-llm", "-o", "yaml"), "name: private-llm")
+
 	// Leaving beta out revokes nothing without --prune.
 	write(grantsFile)
 	require.Equal(t, "Applied: no changes.\n", root.ok("apply", "-f", file))
