@@ -409,11 +409,11 @@ func (r *ledgerRig) round(base int, mid func()) []*sent {
 // spendRow is one spend_logs row.
 type spendRow struct {
 	id, day, org, team, user, key, customer, agent, session, route, group, dep, code, project string
-	tags                                                                             []string
-	stream                                                                           bool
-	prompt, completion, cached                                                       int64
-	cost                                                                             float64
-	status                                                                           int32
+	tags                                                                                      []string
+	stream                                                                                    bool
+	prompt, completion, cached                                                                int64
+	cost                                                                                      float64
+	status                                                                                    int32
 }
 
 func (d *dist) spendRows(t testing.TB) map[string]*spendRow {
