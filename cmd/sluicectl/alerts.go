@@ -70,6 +70,7 @@ func alertsCommand() *command {
 			deleteCommand("webhook", func(ctx context.Context, c *clients, id string) (proto.Message, error) {
 				return call(ctx, c.alerts.DeleteAlertWebhook, &adminv1.DeleteAlertWebhookRequest{Id: id})
 			}),
+			leaf("rotate", "WEBHOOK_ID", "give an endpoint a new signing secret, printed once; --grace keeps the old one signing too", runWebhookRotate),
 		}, "webhooks"),
 		group("deliveries", "delivery state of alerts to webhooks: pending, delivered, dead (the dead-letter list)", []*command{
 			listCommand("", "list deliveries, newest first", deliveryColumns, deliveryList("")),
@@ -91,6 +92,7 @@ var webhookColumns = []column[*adminv1.AlertWebhook]{
 	{"URL", (*adminv1.AlertWebhook).GetUrl},
 	{"DESCRIPTION", (*adminv1.AlertWebhook).GetDescription},
 	{"CREATED", func(w *adminv1.AlertWebhook) string { return formatTime(w.GetCreateTime()) }},
+	{"OLD SECRET SIGNS UNTIL", func(w *adminv1.AlertWebhook) string { return formatTime(w.GetPreviousSecretValidUntil()) }},
 }
 
 var deliveryColumns = []column[*adminv1.AlertDelivery]{
@@ -135,6 +137,26 @@ func runWebhookCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.alerts.CreateAlertWebhook, req)
+	if err != nil {
+		return err
+	}
+	return p.one(r, r.GetWebhook(), [2]string{"secret (shown once)", r.GetSecret()})
+}
+
+func runWebhookRotate(ctx context.Context, a *app, c *cmdArgs) error {
+	fs := a.flags(c)
+	req := &adminv1.RotateAlertWebhookSecretRequest{}
+	fs.StringVar(&req.GracePeriod, "grace", "", "how long the old secret keeps signing besides the new one (`DURATION`: 90s, 24h, 7d; at most 30d); default none")
+	pos, err := a.parse(fs, c, 1, 1)
+	if err != nil {
+		return err
+	}
+	req.Id = pos[0]
+	cl, p, err := a.connect()
+	if err != nil {
+		return err
+	}
+	r, err := call(ctx, cl.alerts.RotateAlertWebhookSecret, req)
 	if err != nil {
 		return err
 	}

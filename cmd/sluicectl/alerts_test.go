@@ -110,5 +110,5 @@ func TestAlertsList(t *testing.T) {
 	require.Contains(t, out, otherID)
 	require.NotContains(t, out, orgID)
 	require.Contains(t, other.fail("alerts", "list", "--org", orgID), "permission_denied")
-	require.Contains(t, root.fail("alerts", "list", "--scope-kind", "project"), "scope_kind: must be one of")
+	require.Contains(t, root.fail("alerts", "list", "--scope-kind", "deployment"), "scope_kind: must be one of")
 }

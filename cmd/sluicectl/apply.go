@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -143,12 +144,15 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 	st := &liveState{cl: cl, orgs: map[string]*adminv1.Org{}, orgName: map[string]string{},
 		teams: map[string]*adminv1.Team{}, users: map[string]*adminv1.User{},
 		groups: map[string]*adminv1.ModelGroup{}, deps: map[string][]*adminv1.Deployment{}}
-	if set.covered[kindOrg] || set.covered[kindTeam] || set.covered[kindUser] {
+	// Model groups name the orgs they are granted to: a token that may
+	// not list orgs (an org token reading model groups) sees grants by id.
+	orgsNeeded := set.covered[kindOrg] || set.covered[kindTeam] || set.covered[kindUser]
+	if orgsNeeded || set.covered[kindModelGroup] {
 		orgs, err := collect(ctx, 0, func(ctx context.Context, size int32, tok string) ([]*adminv1.Org, string, error) {
 			r, err := call(ctx, cl.orgs.ListOrgs, &adminv1.ListOrgsRequest{PageSize: size, PageToken: tok})
 			return r.GetOrgs(), r.GetNextPageToken(), err
 		})
-		if err != nil {
+		if err != nil && (orgsNeeded || !permissionDenied(err)) {
 			return nil, fmt.Errorf("list orgs: %w", err)
 		}
 		for _, o := range orgs {
@@ -197,6 +201,19 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 		for _, g := range groups {
 			st.groups[g.GetName()] = g
 		}
+		// Lists carry no grants: one listing of every grant fills them in.
+		grants, err := collect(ctx, 0, func(ctx context.Context, size int32, tok string) ([]*adminv1.ModelGroupGrant, string, error) {
+			r, err := call(ctx, cl.models.ListModelGroupGrants, &adminv1.ListModelGroupGrantsRequest{PageSize: size, PageToken: tok})
+			return r.GetGrants(), r.GetNextPageToken(), err
+		})
+		if err != nil && !permissionDenied(err) {
+			return nil, fmt.Errorf("list model group grants: %w", err)
+		}
+		for _, gr := range grants {
+			if g := st.groups[gr.GetModelGroup()]; g != nil {
+				g.GrantedOrgIds = append(g.GrantedOrgIds, gr.GetOrgId())
+			}
+		}
 		deps, err := listDeployments(ctx, cl, "")
 		if err != nil {
 			return nil, err
@@ -226,6 +243,12 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 		}
 	}
 	return st, nil
+}
+
+// permissionDenied reports whether err is the server's permission_denied.
+func permissionDenied(err error) bool {
+	var ae *apiError
+	return errors.As(err, &ae) && ae.err.Code() == connect.CodePermissionDenied
 }
 
 func listModelGroups(ctx context.Context, cl *clients) ([]*adminv1.ModelGroup, error) {
@@ -416,7 +439,7 @@ func plan(st *liveState, set *docSet, prune bool) ([]change, error) {
 		}
 	}
 	for _, g := range set.groups {
-		chs, err := planModelGroup(st, g, prune)
+		chs, err := planModelGroup(st, g, declared, prune)
 		if err != nil {
 			return nil, err
 		}
@@ -490,10 +513,13 @@ func plan(st *liveState, set *docSet, prune bool) ([]change, error) {
 	return out, nil
 }
 
-// planModelGroup plans a model group and its deployments. Deployments
-// are matched by api_base and upstream_model; with prune, deployments of
-// the group the file does not list are deleted.
-func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, error) {
+// planModelGroup plans a model group, its grants and its deployments.
+// Grants are planned when the document lists granted_orgs: to orgs that
+// exist or the file declares (declared; created before the grant), and,
+// with prune, revocations of grants the list leaves out. Deployments are
+// matched by api_base and upstream_model; with prune, deployments of the
+// group the file does not list are deleted.
+func planModelGroup(st *liveState, g *modelGroupDoc, declared map[string]bool, prune bool) ([]change, error) {
 	var out []change
 	rt, err := g.Routing.proto()
 	if err != nil {
@@ -512,6 +538,11 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 			return err
 		}})
 	}
+	grants, err := planGrants(st, g, declared, prune)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, grants...)
 	live := map[string]*adminv1.Deployment{}
 	for _, d := range st.deps[g.Name] {
 		live[d.GetApiBase()+" "+d.GetUpstreamModel()] = d
@@ -625,6 +656,61 @@ func planModelGroup(st *liveState, g *modelGroupDoc, prune bool) ([]change, erro
 		for _, d := range gone {
 			out = append(out, deleteDeployment(d))
 		}
+	}
+	return out, nil
+}
+
+// planGrants plans the grants of g (planModelGroup). A grant's org id is
+// resolved when it runs, so an org the same file creates can be granted.
+func planGrants(st *liveState, g *modelGroupDoc, declared map[string]bool, prune bool) ([]change, error) {
+	if g.GrantedOrgs == nil {
+		return nil, nil
+	}
+	live := map[string]bool{}
+	if cur := st.groups[g.Name]; cur != nil {
+		for _, id := range cur.GetGrantedOrgIds() {
+			name := st.orgName[id]
+			if name == "" {
+				name = id // an org the token cannot list: named by id
+			}
+			live[name] = true
+		}
+	}
+	var out []change
+	want := map[string]bool{}
+	for _, org := range *g.GrantedOrgs {
+		want[org] = true
+		if live[org] {
+			continue
+		}
+		if st.orgs[org] == nil && !declared[org] {
+			return nil, fmt.Errorf("ModelGroup %s: granted_orgs: org %q does not exist and the file does not declare it (kind: Org)", g.Name, org)
+		}
+		out = append(out, change{"create", "Grant of ModelGroup " + g.Name + " to org " + org, nil, func(ctx context.Context, st *liveState) error {
+			o := st.orgs[org]
+			if o == nil {
+				return fmt.Errorf("org %q was not created", org)
+			}
+			_, err := call(ctx, st.cl.models.GrantModelGroup, &adminv1.GrantModelGroupRequest{ModelGroup: g.Name, OrgId: o.GetId()})
+			return err
+		}})
+	}
+	if !prune {
+		return out, nil
+	}
+	for _, org := range sortedKeys(live) {
+		if want[org] {
+			continue
+		}
+		id := org
+		if o := st.orgs[org]; o != nil {
+			id = o.GetId()
+		}
+		out = append(out, change{"delete", "Grant of ModelGroup " + g.Name + " to org " + org,
+			[]string{"a revocation: the org's requests to the group stop on every data plane"}, func(ctx context.Context, st *liveState) error {
+				_, err := call(ctx, st.cl.models.RevokeModelGroup, &adminv1.RevokeModelGroupRequest{ModelGroup: g.Name, OrgId: id})
+				return err
+			}})
 	}
 	return out, nil
 }

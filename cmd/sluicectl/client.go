@@ -23,16 +23,18 @@ type clients struct {
 	users     adminv1connect.UserServiceClient
 	keys      adminv1connect.KeyServiceClient
 	customers adminv1connect.CustomerServiceClient
-	issuers   adminv1connect.IssuerServiceClient
-	tokens    adminv1connect.AdminTokenServiceClient
-	audit     adminv1connect.AuditServiceClient
-	fleet     adminv1connect.FleetServiceClient
-	rollout   adminv1connect.RolloutServiceClient
-	spend     adminv1connect.SpendServiceClient
-	alerts    adminv1connect.AlertServiceClient
-	models    adminv1connect.ModelServiceClient
-	traffic   adminv1connect.TrafficServiceClient
-	explain   adminv1connect.ExplainServiceClient
+	// labelScopes manages project and tag scopes.
+	labelScopes adminv1connect.LabelScopeServiceClient
+	issuers     adminv1connect.IssuerServiceClient
+	tokens      adminv1connect.AdminTokenServiceClient
+	audit       adminv1connect.AuditServiceClient
+	fleet       adminv1connect.FleetServiceClient
+	rollout     adminv1connect.RolloutServiceClient
+	spend       adminv1connect.SpendServiceClient
+	alerts      adminv1connect.AlertServiceClient
+	models      adminv1connect.ModelServiceClient
+	traffic     adminv1connect.TrafficServiceClient
+	explain     adminv1connect.ExplainServiceClient
 }
 
 // newClients builds the Connect clients; every request carries
@@ -47,22 +49,23 @@ func newClients(server, token string) *clients {
 	})
 	opts := connect.WithInterceptors(auth)
 	return &clients{
-		server:    server,
-		orgs:      adminv1connect.NewOrgServiceClient(hc, server, opts),
-		teams:     adminv1connect.NewTeamServiceClient(hc, server, opts),
-		users:     adminv1connect.NewUserServiceClient(hc, server, opts),
-		keys:      adminv1connect.NewKeyServiceClient(hc, server, opts),
-		customers: adminv1connect.NewCustomerServiceClient(hc, server, opts),
-		issuers:   adminv1connect.NewIssuerServiceClient(hc, server, opts),
-		tokens:    adminv1connect.NewAdminTokenServiceClient(hc, server, opts),
-		audit:     adminv1connect.NewAuditServiceClient(hc, server, opts),
-		fleet:     adminv1connect.NewFleetServiceClient(hc, server, opts),
-		rollout:   adminv1connect.NewRolloutServiceClient(hc, server, opts),
-		spend:     adminv1connect.NewSpendServiceClient(hc, server, opts),
-		alerts:    adminv1connect.NewAlertServiceClient(hc, server, opts),
-		models:    adminv1connect.NewModelServiceClient(hc, server, opts),
-		traffic:   adminv1connect.NewTrafficServiceClient(hc, server, opts),
-		explain:   adminv1connect.NewExplainServiceClient(hc, server, opts),
+		server:      server,
+		orgs:        adminv1connect.NewOrgServiceClient(hc, server, opts),
+		teams:       adminv1connect.NewTeamServiceClient(hc, server, opts),
+		users:       adminv1connect.NewUserServiceClient(hc, server, opts),
+		keys:        adminv1connect.NewKeyServiceClient(hc, server, opts),
+		customers:   adminv1connect.NewCustomerServiceClient(hc, server, opts),
+		labelScopes: adminv1connect.NewLabelScopeServiceClient(hc, server, opts),
+		issuers:     adminv1connect.NewIssuerServiceClient(hc, server, opts),
+		tokens:      adminv1connect.NewAdminTokenServiceClient(hc, server, opts),
+		audit:       adminv1connect.NewAuditServiceClient(hc, server, opts),
+		fleet:       adminv1connect.NewFleetServiceClient(hc, server, opts),
+		rollout:     adminv1connect.NewRolloutServiceClient(hc, server, opts),
+		spend:       adminv1connect.NewSpendServiceClient(hc, server, opts),
+		alerts:      adminv1connect.NewAlertServiceClient(hc, server, opts),
+		models:      adminv1connect.NewModelServiceClient(hc, server, opts),
+		traffic:     adminv1connect.NewTrafficServiceClient(hc, server, opts),
+		explain:     adminv1connect.NewExplainServiceClient(hc, server, opts),
 	}
 }
 

@@ -27,8 +27,8 @@ import (
 //	kind: Org          name; limits, metadata
 //	kind: Team         org, name; limits, metadata, traffic_class, model_group_aliases
 //	kind: User         org, email; display_name, limits, metadata
-//	kind: ModelGroup   name; description, platform_wide, routing (strategy, session_ttl, load_factor),
-//	                   deployments (identified by api_base + upstream_model)
+//	kind: ModelGroup   name; description, platform_wide, granted_orgs (org names), routing (strategy,
+//	                   session_ttl, load_factor), deployments (identified by api_base + upstream_model)
 //	kind: Member, Customer, Key, OrgTraffic (apply_tenants.go)
 //
 // New kinds are added by a document type, a loader case in decodeDocument
@@ -122,9 +122,14 @@ type modelGroupDoc struct {
 	// PlatformWide makes the group visible to every org; otherwise only
 	// to the orgs it is granted to (sluicectl model-group grant;
 	// docs/tenancy.md).
-	PlatformWide bool            `yaml:"platform_wide,omitempty"`
-	Routing      *routingDoc     `yaml:"routing,omitempty"`
-	Deployments  []deploymentDoc `yaml:"deployments,omitempty"`
+	PlatformWide bool `yaml:"platform_wide,omitempty"`
+	// GrantedOrgs names the orgs the group is granted to. Omitted, the
+	// group's grants are left as they are; listed, apply grants it to the
+	// orgs it is not granted to yet and, with --prune, revokes the grants
+	// of orgs the list leaves out (an empty list revokes every grant).
+	GrantedOrgs *[]string       `yaml:"granted_orgs,omitempty"`
+	Routing     *routingDoc     `yaml:"routing,omitempty"`
+	Deployments []deploymentDoc `yaml:"deployments,omitempty"`
 }
 
 // routingDoc is a model group's routing settings (docs/routing.md,
@@ -511,6 +516,18 @@ func (s *docSet) decodeDocument(node *yaml.Node) (string, error) {
 		}
 		if err := need("name", d.Name); err != nil {
 			return "", err
+		}
+		if d.GrantedOrgs != nil {
+			seen := map[string]bool{}
+			for i, o := range *d.GrantedOrgs {
+				if strings.TrimSpace(o) == "" {
+					return "", fmt.Errorf("ModelGroup %s: granted_orgs[%d]: an org name is required", d.Name, i)
+				}
+				if seen[o] {
+					return "", fmt.Errorf("ModelGroup %s: granted_orgs[%d]: org %s is listed twice", d.Name, i, o)
+				}
+				seen[o] = true
+			}
 		}
 		ids := map[string]bool{}
 		for i := range d.Deployments {

@@ -92,6 +92,7 @@ const (
 	limitsBasic    limitLevel = iota // orgs, users, customers
 	limitsPerModel                   // teams and keys: also per-model limits
 	limitsMember                     // team members: no max budget, models or per-model
+	limitsLabel                      // project and tag scopes: no models or per-model
 )
 
 // Limits registers the limit flags of level lvl on *p (allocated here).
@@ -108,7 +109,7 @@ func (f *fields) Limits(p **adminv1.Limits, lvl limitLevel) {
 	f.Int64(&l.RpmLimit, "rpm-limit", "limits.rpm_limit", "requests per minute")
 	f.Int64(&l.TpmLimit, "tpm-limit", "limits.tpm_limit", "tokens per minute")
 	f.Int64(&l.MaxParallelRequests, "max-parallel-requests", "limits.max_parallel_requests", "requests in flight at once")
-	if lvl == limitsMember {
+	if lvl == limitsMember || lvl == limitsLabel {
 		return
 	}
 	f.List(&l.AllowedModels, "allowed-models", "limits.allowed_models", "allowed model groups, comma-separated (empty: no restriction)")

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -118,6 +119,18 @@ func getDocuments(ctx context.Context, cl *clients, kind, name, org string) ([]a
 			g := st.groups[n]
 			d := &modelGroupDoc{Kind: kindModelGroup, Name: g.GetName(), Description: g.GetDescription(), PlatformWide: g.GetPlatformWide(),
 				Routing: routingDocOf(g.GetRouting())}
+			if ids := g.GetGrantedOrgIds(); len(ids) > 0 {
+				names := make([]string, 0, len(ids))
+				for _, id := range ids {
+					if n := st.orgName[id]; n != "" {
+						names = append(names, n)
+					} else {
+						names = append(names, id)
+					}
+				}
+				slices.Sort(names)
+				d.GrantedOrgs = &names
+			}
 			for _, dep := range st.deps[n] {
 				d.Deployments = append(d.Deployments, deploymentFromProto(dep))
 			}

@@ -84,7 +84,7 @@ func rootCommand() *command {
 	return &command{subs: []*command{
 		loginCommand(), contextCommand(), whoamiCommand(),
 		orgCommand(), teamCommand(), memberCommand(), userCommand(), keyCommand(),
-		customerCommand(), issuerCommand(), tokenCommand(), auditCommand(),
+		customerCommand(), projectCommand(), tagCommand(), issuerCommand(), tokenCommand(), auditCommand(),
 		fleetCommand(), rolloutCommand(), regionCommand(), spendCommand(), alertsCommand(),
 		modelGroupCommand(), deploymentCommand(), trafficCommand(), applyCommand(), getCommand(), importCommand(), explainCommand(),
 	}}

@@ -66,6 +66,12 @@ func TestTenancyCommands(t *testing.T) {
 	r = org.run("alerts", "deliveries", "list", "--state", "lost")
 	require.NotEqual(t, 0, r.code)
 	require.Contains(t, r.stderr, "state")
+	var rot map[string]any
+	require.NoError(t, json.Unmarshal([]byte(org.ok("-o", "json", "alerts", "webhook", "rotate", whID, "--grace", "24h")), &rot))
+	require.Contains(t, rot["secret"], "whsec_")
+	require.NotEqual(t, wh["secret"], rot["secret"])
+	require.NotEmpty(t, obj(t, rot, "webhook")["previous_secret_valid_until"])
+	require.Contains(t, org.fail("alerts", "webhook", "rotate", whID, "--grace", "forever"), "grace_period")
 	org.ok("alerts", "webhook", "delete", whID)
 	require.NotContains(t, org.ok("alerts", "webhook", "list"), whID)
 }

@@ -408,12 +408,12 @@ func (r *ledgerRig) round(base int, mid func()) []*sent {
 
 // spendRow is one spend_logs row.
 type spendRow struct {
-	id, day, org, team, user, key, customer, agent, session, route, group, dep, code string
-	tags                                                                             []string
-	stream                                                                           bool
-	prompt, completion, cached                                                       int64
-	cost                                                                             float64
-	status                                                                           int32
+	id, day, org, team, user, key, customer, agent, session, route, group, dep, code, project string
+	tags                                                                                      []string
+	stream                                                                                    bool
+	prompt, completion, cached                                                                int64
+	cost                                                                                      float64
+	status                                                                                    int32
 }
 
 func (d *dist) spendRows(t testing.TB) map[string]*spendRow {
@@ -422,12 +422,12 @@ func (d *dist) spendRows(t testing.TB) map[string]*spendRow {
 	d.pg(t, func(ctx context.Context, conn *pgx.Conn) {
 		rows, err := conn.Query(ctx, `SELECT request_id, to_char((at AT TIME ZONE 'UTC')::date, 'YYYY-MM-DD'), org_id, team_id,
 			user_id, key_id, customer, agent_id, session_id, route, model_group, deployment_id, error_code, tags, stream,
-			prompt_tokens, completion_tokens, cached_tokens, cost_usd, status FROM spend_logs`)
+			prompt_tokens, completion_tokens, cached_tokens, cost_usd, status, project FROM spend_logs`)
 		require.NoError(t, err)
 		for rows.Next() {
 			var r spendRow
 			require.NoError(t, rows.Scan(&r.id, &r.day, &r.org, &r.team, &r.user, &r.key, &r.customer, &r.agent, &r.session,
-				&r.route, &r.group, &r.dep, &r.code, &r.tags, &r.stream, &r.prompt, &r.completion, &r.cached, &r.cost, &r.status))
+				&r.route, &r.group, &r.dep, &r.code, &r.tags, &r.stream, &r.prompt, &r.completion, &r.cached, &r.cost, &r.status, &r.project))
 			out[r.id] = &r
 		}
 		require.NoError(t, rows.Err())
@@ -452,12 +452,12 @@ type dailySums struct {
 
 // expectedDaily aggregates rows the way spend_daily is documented to
 // (docs/ledger.md): per UTC day, scope, id and org; empty ids skipped;
-// each distinct tag once.
+// each distinct tag once; the project (from migration 0013 on).
 func expectedDaily(rows map[string]*spendRow) map[dailyKey]*dailySums {
 	out := map[dailyKey]*dailySums{}
 	for _, r := range rows {
 		scopes := [][2]string{{"org", r.org}, {"team", r.team}, {"user", r.user}, {"key", r.key}, {"customer", r.customer},
-			{"model_group", r.group}, {"deployment", r.dep}}
+			{"model_group", r.group}, {"deployment", r.dep}, {"project", r.project}}
 		seen := map[string]bool{}
 		for _, tag := range r.tags {
 			if !seen[tag] {

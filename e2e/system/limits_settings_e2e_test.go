@@ -138,6 +138,9 @@ func TestNoDeadLimitSettings(t *testing.T) {
 	levels := limitLevels(t)
 	knownLevels := map[string][]string{
 		"Org": nil, "Team": nil, "User": nil, "Customer": nil, "Key": nil,
+		// Project and tag scopes (one message, two kinds: the levels
+		// "Project" and "Tag" below).
+		"LabelScope": nil,
 		"TeamMember": {"max_budget_in_team"},
 		"Deployment": {"max_concurrency"},
 		// Capability filters of a deployment (issue 4): 400 naming the
@@ -192,6 +195,7 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		limits   func() *adminv1.Limits
 		perModel bool   // keys and teams only
 		noMember bool   // refused on team members
+		noLabel  bool   // refused on project and tag scopes
 		check    string // "rpm", "tpm", "parallel", "budget", "soft", "allowed"
 	}
 	i64 := func(v int64) *int64 { return &v }
@@ -203,7 +207,8 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		"rpm_limit":             {limits: func() *adminv1.Limits { return &adminv1.Limits{RpmLimit: i64(1)} }, check: "rpm"},
 		"tpm_limit":             {limits: func() *adminv1.Limits { return &adminv1.Limits{TpmLimit: i64(200)} }, check: "tpm"},
 		"max_parallel_requests": {limits: func() *adminv1.Limits { return &adminv1.Limits{MaxParallelRequests: i64(1)} }, check: "parallel"},
-		"allowed_models":        {limits: func() *adminv1.Limits { return &adminv1.Limits{AllowedModels: []string{"other"}} }, noMember: true, check: "allowed"},
+		"allowed_models": {limits: func() *adminv1.Limits { return &adminv1.Limits{AllowedModels: []string{"other"}} }, noMember: true, noLabel: true,
+			check: "allowed"},
 		"model_max_budget": {limits: func() *adminv1.Limits {
 			return &adminv1.Limits{ModelMaxBudget: map[string]float64{"m": 5}, BudgetDuration: "2h"}
 		}, perModel: true, check: "budget"},
@@ -221,7 +226,8 @@ func TestNoDeadLimitSettings(t *testing.T) {
 	}
 
 	n := 0
-	for _, lvl := range []string{"Key", "Team", "User", "TeamMember", "Org", "Customer"} {
+	lc := d.labelScopeClient()
+	for _, lvl := range []string{"Key", "Team", "User", "TeamMember", "Org", "Customer", "Project", "Tag"} {
 		for _, field := range limitFields {
 			fc := cases[field]
 			n++
@@ -229,7 +235,8 @@ func TestNoDeadLimitSettings(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				ten := d.NewTenant(fmt.Sprintf("s%d", n))
 				custExt := ""
-				refused := (fc.perModel && lvl != "Key" && lvl != "Team") || (fc.noMember && lvl == "TeamMember")
+				label := lvl == "Project" || lvl == "Tag"
+				refused := (fc.perModel && lvl != "Key" && lvl != "Team") || (fc.noMember && lvl == "TeamMember") || (fc.noLabel && label)
 				l := fc.limits()
 				var err error
 				switch lvl {
@@ -252,6 +259,17 @@ func TestNoDeadLimitSettings(t *testing.T) {
 				case "Customer":
 					custExt = "cust-" + strconv.Itoa(n)
 					_, err = cc.CreateCustomer(ctx, connect.NewRequest(&adminv1.CreateCustomerRequest{OrgId: ten.OrgID, ExternalId: custExt, Limits: l}))
+				case "Project", "Tag":
+					// The tenant's key carries the label; the scope limits it.
+					name, kind := "label-"+strconv.Itoa(n), adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT
+					k := &adminv1.Key{Id: ten.KeyID, Project: name}
+					mask := "project"
+					if lvl == "Tag" {
+						kind, k, mask = adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG, &adminv1.Key{Id: ten.KeyID, Tags: []string{"plain", name}}, "tags"
+					}
+					_, err = c.Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: k, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{mask}}}))
+					require.NoError(t, err)
+					_, err = lc.CreateLabelScope(ctx, connect.NewRequest(&adminv1.CreateLabelScopeRequest{OrgId: ten.OrgID, Kind: kind, Name: name, Limits: l}))
 				}
 				if refused {
 					require.Error(t, err, "%s must be refused on %s", field, lvl)
@@ -364,6 +382,12 @@ func waitLimits(t *testing.T, p *proxy, peppers *token.Peppers, tok, lvl, org, c
 			got = pr.Org.GetLimits()
 		case "Customer":
 			got = cat.Customer(org, custExt).GetLimits()
+		case "Project", "Tag":
+			ls := cat.LabelScopes(pr.Key)
+			if len(ls) != 1 {
+				return false
+			}
+			got = ls[0].GetLimits()
 		}
 		return cmp.Diff(want, got, protocmp.Transform()) == ""
 	}, 10*time.Second, 10*time.Millisecond, "limits of %s never reached the data plane", lvl)
@@ -373,7 +397,7 @@ func waitLimits(t *testing.T, p *proxy, peppers *token.Peppers, tok, lvl, org, c
 // rejection (per-model fields name the per-model scope).
 var scopeKinds = map[string][]string{
 	"Key": {"key", "key_model"}, "Team": {"team", "team_model"}, "User": {"user"}, "TeamMember": {"member"},
-	"Org": {"org"}, "Customer": {"customer"},
+	"Org": {"org"}, "Customer": {"customer"}, "Project": {"project"}, "Tag": {"tag"},
 }
 
 const settingsBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}`

@@ -82,15 +82,19 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// Scope kinds: the levels of SPEC §3, the per-model scopes of keys and
-// teams, and deployments.
+// Scope kinds: the levels of SPEC §3 (projects and tags included), the
+// per-model scopes of keys and teams, and deployments.
 const (
-	KindKey        = "key"
-	KindUser       = "user"
-	KindMember     = "member"
-	KindTeam       = "team"
-	KindOrg        = "org"
-	KindCustomer   = "customer"
+	KindKey      = "key"
+	KindUser     = "user"
+	KindMember   = "member"
+	KindTeam     = "team"
+	KindOrg      = "org"
+	KindCustomer = "customer"
+	// KindProject and KindTag are the project and tag scopes of an org
+	// (their id is the label scope's id, not the label).
+	KindProject    = "project"
+	KindTag        = "tag"
 	KindKeyModel   = "key_model"
 	KindTeamModel  = "team_model"
 	KindDeployment = "deployment"

@@ -21,6 +21,7 @@ const (
 	AdminToken = "tok"
 	Issuer     = "iss"
 	Webhook    = "whk"
+	LabelScope = "lsc"
 )
 
 // New returns a new identifier with the given prefix.

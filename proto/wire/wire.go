@@ -62,6 +62,14 @@
 //	  flight, queued and shed; the fleet view and the console's Health &
 //	  queues page) is ignored by older control planes and absent from
 //	  older data planes' heartbeats (the fleet view shows no backlog).
+//	2026-12-01: Snapshot.label_scopes (410) and the Event changes
+//	  label_scope/label_scope_deleted (410, 411): project and tag scopes
+//	  with their own limits (docs/limits.md "Project and tag scopes").
+//	  Older data planes read such snapshots without them (the labels stay
+//	  unlimited) but cannot apply a label_scope event (ErrUnknownChange):
+//	  upgrade every data plane before the first project or tag scope is
+//	  created. Budget seed requests of kinds project and tag need a
+//	  control plane of this build.
 //
 // Usage messages (not snapshots) have their own encodings, named by
 // UsageEncodingHeader:

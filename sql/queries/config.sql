@@ -65,3 +65,6 @@ SELECT * FROM config_versions WHERE version = @version;
 
 -- name: ConfigVersionRegionSeq :one
 SELECT region_seq FROM config_version_regions WHERE version = @version AND region = @region;
+
+-- name: ConfigLabelScopes :many
+SELECT * FROM label_scopes ORDER BY id;

@@ -35,4 +35,5 @@ SELECT (SELECT count(*) FROM teams t WHERE t.org_id = @id)::bigint AS teams,
        (SELECT count(*) FROM users u WHERE u.org_id = @id)::bigint AS users,
        (SELECT count(*) FROM keys k WHERE k.org_id = @id)::bigint AS keys,
        (SELECT count(*) FROM customers c WHERE c.org_id = @id)::bigint AS customers,
+       (SELECT count(*) FROM label_scopes s WHERE s.org_id = @id)::bigint AS label_scopes,
        (SELECT count(*) FROM admin_tokens a WHERE a.org_id = @id AND a.revoked_at IS NULL)::bigint AS admin_tokens;

@@ -14,6 +14,16 @@ WHERE id > @after_id AND (sqlc.narg(org_id)::text IS NULL OR org_id = sqlc.narg(
 ORDER BY id
 LIMIT @lim;
 
+-- name: WebhookGetForUpdate :one
+SELECT * FROM alert_webhooks
+WHERE id = @id AND (sqlc.narg(org_id)::text IS NULL OR org_id = sqlc.narg(org_id))
+FOR UPDATE;
+
+-- name: WebhookRotate :exec
+UPDATE alert_webhooks SET secret_ciphertext = @secret_ciphertext, previous_secret_ciphertext = sqlc.narg(previous_secret_ciphertext),
+    previous_valid_until = sqlc.narg(previous_valid_until), secret_rotated_at = @rotated_at
+WHERE id = @id;
+
 -- name: WebhookCountForOrg :one
 SELECT count(*)::bigint FROM alert_webhooks WHERE org_id = @org_id;
 
@@ -43,7 +53,7 @@ FOR UPDATE SKIP LOCKED;
 UPDATE alert_deliveries SET next_attempt_at = @lease_until WHERE delivery_id = ANY(@ids::text[]);
 
 -- name: DeliveryGetWork :one
-SELECT d.delivery_id, d.attempts, w.url, w.secret_ciphertext, a.*
+SELECT d.delivery_id, d.attempts, w.url, w.secret_ciphertext, w.previous_secret_ciphertext, w.previous_valid_until, a.*
 FROM alert_deliveries d
 JOIN alert_webhooks w ON w.id = d.webhook_id
 JOIN budget_alerts a ON a.alert_id = d.alert_id

@@ -27,7 +27,7 @@ type alertService struct{ *Server }
 
 // alertScopeKinds are the scope kinds budgets (and so alerts) have.
 var alertScopeKinds = []string{budget.KindKey, budget.KindUser, budget.KindMember, budget.KindTeam, budget.KindOrg,
-	budget.KindCustomer, budget.KindKeyModel, budget.KindTeamModel}
+	budget.KindCustomer, budget.KindProject, budget.KindTag, budget.KindKeyModel, budget.KindTeamModel}
 
 func alertToProto(a store.BudgetAlert) *adminv1.Alert {
 	return &adminv1.Alert{

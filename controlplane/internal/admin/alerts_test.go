@@ -117,7 +117,7 @@ func TestListAlertsValidation(t *testing.T) {
 		req  *adminv1.ListAlertsRequest
 		want string
 	}{
-		{&adminv1.ListAlertsRequest{ScopeKind: "project"}, "scope_kind: must be one of key, user, member, team, org, customer, key_model, team_model"},
+		{&adminv1.ListAlertsRequest{ScopeKind: "deployment"}, "scope_kind: must be one of key, user, member, team, org, customer, project, tag, key_model, team_model"},
 		{&adminv1.ListAlertsRequest{ScopeId: strings.Repeat("x", 201)}, "scope_id: must be at most 200 bytes"},
 		// NUL is refused for every RPC before the handler (checkText).
 		{&adminv1.ListAlertsRequest{OrgId: "org_\x00"}, "org_id: must not contain NUL"},
@@ -129,4 +129,54 @@ func TestListAlertsValidation(t *testing.T) {
 		require.Equal(t, "invalid_argument", codeOf(err), "%v", r.req)
 		require.Contains(t, err.Error(), r.want)
 	}
+}
+
+// TestRotateAlertWebhookSecret: a rotation returns a new secret once and,
+// with a grace period, shows until when the previous secret keeps
+// signing; the audit record carries the grace; a bad grace period changes
+// nothing; another org's admin cannot rotate the webhook.
+func TestRotateAlertWebhookSecret(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	org := b.mkOrg("rot-" + u())
+	other := b.mkOrg("rot-other-" + u())
+	admin := b.mkToken(adminv1.Scope_SCOPE_ORG, adminv1.Role_ROLE_ADMIN, org.Id, "")
+	c := b.alertClient(admin)
+	cr, err := c.CreateAlertWebhook(ctx, connect.NewRequest(&adminv1.CreateAlertWebhookRequest{Url: "https://hooks.example.com/rot"}))
+	require.NoError(t, err)
+	id := cr.Msg.Webhook.Id
+
+	r, err := c.RotateAlertWebhookSecret(ctx, connect.NewRequest(&adminv1.RotateAlertWebhookSecretRequest{Id: id, GracePeriod: "24h"}))
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(r.Msg.Secret, "whsec_"))
+	require.NotEqual(t, cr.Msg.Secret, r.Msg.Secret)
+	until := r.Msg.Webhook.GetPreviousSecretValidUntil().AsTime()
+	require.NotNil(t, r.Msg.Webhook.GetSecretRotateTime())
+	require.Equal(t, 24*time.Hour, until.Sub(r.Msg.Webhook.GetSecretRotateTime().AsTime()), "the grace runs from the rotation")
+	a := b.lastAudit()
+	require.Equal(t, []string{"rotated", "alert_webhook", id, org.Id}, []string{a.Action, a.ObjectType, a.ObjectID, a.OrgID})
+	require.Contains(t, a.After, `"grace_period":"24h0m0s"`)
+	require.NotContains(t, a.After, "whsec_", "the audit record holds no secret")
+
+	l, err := c.ListAlertWebhooks(ctx, connect.NewRequest(&adminv1.ListAlertWebhooksRequest{}))
+	require.NoError(t, err)
+	require.Len(t, l.Msg.Webhooks, 1)
+	require.Equal(t, until, l.Msg.Webhooks[0].GetPreviousSecretValidUntil().AsTime())
+
+	// Without grace: no previous secret signs any more.
+	r, err = c.RotateAlertWebhookSecret(ctx, connect.NewRequest(&adminv1.RotateAlertWebhookSecretRequest{Id: id}))
+	require.NoError(t, err)
+	require.Nil(t, r.Msg.Webhook.GetPreviousSecretValidUntil())
+
+	otherAdmin := b.mkToken(adminv1.Scope_SCOPE_ORG, adminv1.Role_ROLE_ADMIN, other.Id, "")
+	before := b.auditCount()
+	for _, g := range []string{"forever", "-1h", "31d"} {
+		_, err = c.RotateAlertWebhookSecret(ctx, connect.NewRequest(&adminv1.RotateAlertWebhookSecretRequest{Id: id, GracePeriod: g}))
+		require.Equal(t, connect.CodeInvalidArgument, connect.CodeOf(err), "%s: %v", g, err)
+		require.Contains(t, err.Error(), "grace_period")
+	}
+	_, err = b.alertClient(otherAdmin).RotateAlertWebhookSecret(ctx, connect.NewRequest(&adminv1.RotateAlertWebhookSecretRequest{Id: id}))
+	require.Equal(t, connect.CodeNotFound, connect.CodeOf(err), "%v", err)
+	require.Equal(t, before, b.auditCount(), "refused rotations are not audited")
 }

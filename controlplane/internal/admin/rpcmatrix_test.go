@@ -10,6 +10,7 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
@@ -57,7 +58,9 @@ func adminRPCs(t *testing.T) []rpc {
 type objs struct {
 	OrgID, TeamID, UserID, CustomerID, KeyID, TokenID string
 	IssuerID                                          string
-	EmptyTeamID, FreeUserID, EmptyOrgID               string
+	// LabelScopeID is a project scope of the org.
+	LabelScopeID                        string
+	EmptyTeamID, FreeUserID, EmptyOrgID string
 	// WebhookID is an alert webhook of the org, DeliveryID a dead
 	// delivery to it.
 	WebhookID, DeliveryID string
@@ -135,8 +138,17 @@ var builders = map[string]func(o objs) string{
 	"GetTrustedIssuer":    func(o objs) string { return `{"id":"` + o.IssuerID + `"}` },
 	"ListTrustedIssuers":  func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
 	"DeleteTrustedIssuer": func(o objs) string { return `{"id":"` + o.IssuerID + `"}` },
-	"BlockCustomer":       func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
-	"UnblockCustomer":     func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
+	"CreateLabelScope": func(o objs) string {
+		return `{"org_id":"` + o.OrgID + `","kind":"LABEL_SCOPE_KIND_TAG","name":"t` + u() + `","limits":{"rpm_limit":5}}`
+	},
+	"GetLabelScope":   func(o objs) string { return `{"id":"` + o.LabelScopeID + `"}` },
+	"ListLabelScopes": func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"UpdateLabelScope": func(o objs) string {
+		return `{"label_scope":{"id":"` + o.LabelScopeID + `","limits":{"rpm_limit":7}},"update_mask":"limits.rpmLimit"}`
+	},
+	"DeleteLabelScope": func(o objs) string { return `{"id":"` + o.LabelScopeID + `"}` },
+	"BlockCustomer":    func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
+	"UnblockCustomer":  func(o objs) string { return `{"id":"` + o.CustomerID + `"}` },
 
 	"CreateAdminToken": func(o objs) string {
 		return `{"name":"t` + u() + `","scope":"SCOPE_TEAM","org_id":"` + o.OrgID + `","team_id":"` + o.TeamID + `","role":"ROLE_VIEWER"}`
@@ -167,10 +179,11 @@ var builders = map[string]func(o objs) string{
 	"CreateAlertWebhook": func(o objs) string {
 		return `{"org_id":"` + o.OrgID + `","url":"https://hooks.example.com/` + u() + `"}`
 	},
-	"ListAlertWebhooks":   func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
-	"DeleteAlertWebhook":  func(o objs) string { return `{"id":"` + o.WebhookID + `"}` },
-	"ListAlertDeliveries": func(o objs) string { return `{"org_id":"` + o.OrgID + `","state":"dead"}` },
-	"RetryAlertDelivery":  func(o objs) string { return `{"delivery_id":"` + o.DeliveryID + `"}` },
+	"ListAlertWebhooks":        func(o objs) string { return `{"org_id":"` + o.OrgID + `"}` },
+	"DeleteAlertWebhook":       func(o objs) string { return `{"id":"` + o.WebhookID + `"}` },
+	"RotateAlertWebhookSecret": func(o objs) string { return `{"id":"` + o.WebhookID + `","grace_period":"1h"}` },
+	"ListAlertDeliveries":      func(o objs) string { return `{"org_id":"` + o.OrgID + `","state":"dead"}` },
+	"RetryAlertDelivery":       func(o objs) string { return `{"delivery_id":"` + o.DeliveryID + `"}` },
 
 	"CreateModelGroup": func(o objs) string {
 		return `{"name":"mg-` + u() + `","description":"d","routing":{"strategy":"affinity","session_ttl":"1800s","load_factor":1.5}}`
@@ -240,6 +253,9 @@ func (b *bundle) mkFixture(name string) orgFixture {
 	}
 	cus, err := c.Customer.CreateCustomer(ctx, connect.NewRequest(&adminv1.CreateCustomerRequest{OrgId: org.Id, ExternalId: "cust-" + u()}))
 	must(err)
+	lsc, err := c.LabelScope.CreateLabelScope(ctx, connect.NewRequest(&adminv1.CreateLabelScopeRequest{OrgId: org.Id,
+		Kind: adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT, Name: "proj-" + u(), Limits: &adminv1.Limits{MaxParallelRequests: proto.Int64(2)}}))
+	must(err)
 	iss, err := c.Issuer.CreateTrustedIssuer(ctx, connect.NewRequest(&adminv1.CreateTrustedIssuerRequest{OrgId: org.Id,
 		Issuer: "https://idp.example.com", Audience: "fixture-" + u(), TeamClaim: "team"}))
 	must(err)
@@ -269,7 +285,7 @@ func (b *bundle) mkFixture(name string) orgFixture {
 			Name: "fixture", Scope: adminv1.Scope_SCOPE_TEAM, OrgId: org.Id, TeamId: team, Role: adminv1.Role_ROLE_VIEWER,
 		}))
 		must(err)
-		return objs{OrgID: org.Id, TeamID: team, UserID: user, CustomerID: cus.Msg.Customer.Id, KeyID: k.Msg.Key.Id, IssuerID: iss.Msg.Issuer.Id,
+		return objs{OrgID: org.Id, TeamID: team, UserID: user, CustomerID: cus.Msg.Customer.Id, KeyID: k.Msg.Key.Id, IssuerID: iss.Msg.Issuer.Id, LabelScopeID: lsc.Msg.LabelScope.Id,
 			TokenID: tk.Msg.AdminToken.Id, EmptyTeamID: emptyTeam, FreeUserID: freeUser, EmptyOrgID: empty.Id,
 			ModelGroup: group, EmptyModelGroup: emptyGroup, DeploymentID: dep.Id, WebhookID: wh.Msg.Webhook.Id, DeliveryID: delivery}
 	}
@@ -278,7 +294,7 @@ func (b *bundle) mkFixture(name string) orgFixture {
 
 func (o objs) ids() []string {
 	return []string{o.OrgID, o.TeamID, o.UserID, o.CustomerID, o.KeyID, o.TokenID, o.EmptyTeamID, o.FreeUserID, o.EmptyOrgID, o.IssuerID,
-		o.WebhookID, o.DeliveryID}
+		o.WebhookID, o.DeliveryID, o.LabelScopeID}
 }
 
 func TestEveryMutatingRPCWritesExactlyOneAuditRow(t *testing.T) {
@@ -387,7 +403,7 @@ func TestTeamTokenStaysInItsTeam(t *testing.T) {
 	// Aimed at the other team of the same org (and at org-level objects).
 	t2 := a.team2
 	forbidden := []string{t2.TeamID, t2.UserID, t2.KeyID, t2.TokenID, t2.EmptyTeamID, t2.FreeUserID, t2.EmptyOrgID, t2.CustomerID, t2.IssuerID,
-		t2.WebhookID, t2.DeliveryID}
+		t2.WebhookID, t2.DeliveryID, t2.LabelScopeID}
 	checkIsolated(t, b, tok, t2, forbidden, "team-one admin")
 
 	// Positive control: inside its own team the same token works.

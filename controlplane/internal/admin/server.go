@@ -114,6 +114,7 @@ func (s *Server) handler() http.Handler {
 	mux.Handle(adminv1connect.NewUserServiceHandler(&userService{Server: s}, opts))
 	mux.Handle(adminv1connect.NewKeyServiceHandler(&keyService{Server: s}, opts))
 	mux.Handle(adminv1connect.NewCustomerServiceHandler(&customerService{Server: s}, opts))
+	mux.Handle(adminv1connect.NewLabelScopeServiceHandler(&labelScopeService{Server: s}, opts))
 	mux.Handle(adminv1connect.NewIssuerServiceHandler(&issuerService{Server: s}, opts))
 	mux.Handle(adminv1connect.NewAdminTokenServiceHandler(&adminTokenService{s}, opts))
 	mux.Handle(adminv1connect.NewAuditServiceHandler(&auditService{s}, opts))

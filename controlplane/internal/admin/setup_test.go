@@ -119,9 +119,11 @@ type clients struct {
 	User     adminv1connect.UserServiceClient
 	Key      adminv1connect.KeyServiceClient
 	Customer adminv1connect.CustomerServiceClient
-	Issuer   adminv1connect.IssuerServiceClient
-	Token    adminv1connect.AdminTokenServiceClient
-	Audit    adminv1connect.AuditServiceClient
+	// LabelScope manages project and tag scopes.
+	LabelScope adminv1connect.LabelScopeServiceClient
+	Issuer     adminv1connect.IssuerServiceClient
+	Token      adminv1connect.AdminTokenServiceClient
+	Audit      adminv1connect.AuditServiceClient
 }
 
 func bearer(tok string) connect.UnaryInterceptorFunc {
@@ -137,14 +139,15 @@ func (b *bundle) as(tok string) clients {
 	opt := connect.WithInterceptors(bearer(tok))
 	hc := http.DefaultClient
 	return clients{
-		Org:      adminv1connect.NewOrgServiceClient(hc, b.url, opt),
-		Team:     adminv1connect.NewTeamServiceClient(hc, b.url, opt),
-		User:     adminv1connect.NewUserServiceClient(hc, b.url, opt),
-		Key:      adminv1connect.NewKeyServiceClient(hc, b.url, opt),
-		Customer: adminv1connect.NewCustomerServiceClient(hc, b.url, opt),
-		Issuer:   adminv1connect.NewIssuerServiceClient(hc, b.url, opt),
-		Token:    adminv1connect.NewAdminTokenServiceClient(hc, b.url, opt),
-		Audit:    adminv1connect.NewAuditServiceClient(hc, b.url, opt),
+		Org:        adminv1connect.NewOrgServiceClient(hc, b.url, opt),
+		Team:       adminv1connect.NewTeamServiceClient(hc, b.url, opt),
+		User:       adminv1connect.NewUserServiceClient(hc, b.url, opt),
+		Key:        adminv1connect.NewKeyServiceClient(hc, b.url, opt),
+		Customer:   adminv1connect.NewCustomerServiceClient(hc, b.url, opt),
+		LabelScope: adminv1connect.NewLabelScopeServiceClient(hc, b.url, opt),
+		Issuer:     adminv1connect.NewIssuerServiceClient(hc, b.url, opt),
+		Token:      adminv1connect.NewAdminTokenServiceClient(hc, b.url, opt),
+		Audit:      adminv1connect.NewAuditServiceClient(hc, b.url, opt),
 	}
 }
 

@@ -66,10 +66,14 @@ const (
 	LevelUser
 	LevelKey
 	LevelCustomer
+	// LevelProject and LevelTag are the project and tag scopes
+	// (LabelScope).
+	LevelProject
+	LevelTag
 )
 
 func (l Level) String() string {
-	return [...]string{"", "orgs", "teams", "team members", "users", "keys", "customers"}[l]
+	return [...]string{"", "orgs", "teams", "team members", "users", "keys", "customers", "projects", "tags"}[l]
 }
 
 // Limit bounds: large enough for any real deployment, small enough that an
@@ -172,8 +176,11 @@ func validateLimits(c *validator, prefix string, l *adminv1.Limits, lvl Level, e
 	}
 	perModel := lvl == LevelKey || lvl == LevelTeam
 	if len(l.AllowedModels) > 0 {
-		if lvl == LevelMember {
+		switch lvl {
+		case LevelMember:
 			c.add(f("allowed_models"), "not supported on team members; set it on the team or the key")
+		case LevelProject, LevelTag:
+			c.add(f("allowed_models"), "not supported on %s (they limit usage, they do not grant or narrow models); set it on the key or its team", lvl)
 		}
 		if len(l.AllowedModels) > maxListLen {
 			c.add(f("allowed_models"), "at most %d entries", maxListLen)

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -35,8 +36,15 @@ const (
 var deliveryStates = []string{store.DeliveryPending, store.DeliveryDelivered, store.DeliveryDead}
 
 func webhookToProto(w store.Webhook) *adminv1.AlertWebhook {
-	return &adminv1.AlertWebhook{Id: w.ID, OrgId: w.OrgID, Url: w.URL, Description: w.Description,
+	out := &adminv1.AlertWebhook{Id: w.ID, OrgId: w.OrgID, Url: w.URL, Description: w.Description,
 		CreateTime: timestamppb.New(w.CreatedAt), CreatedBy: w.CreatedBy}
+	if w.SecretRotatedAt != nil {
+		out.SecretRotateTime = timestamppb.New(*w.SecretRotatedAt)
+	}
+	if w.PreviousValidUntil != nil {
+		out.PreviousSecretValidUntil = timestamppb.New(*w.PreviousValidUntil)
+	}
+	return out
 }
 
 func deliveryToProto(d store.Delivery) *adminv1.AlertDelivery {
@@ -191,6 +199,58 @@ func (s *alertService) DeleteAlertWebhook(ctx context.Context, req *connect.Requ
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.DeleteAlertWebhookResponse{}), nil
+}
+
+// RotateAlertWebhookSecret gives a webhook a new secret (returned once).
+// With a grace period the current secret keeps signing besides the new
+// one until it ends; rotating again during a grace replaces the previous
+// secret by the one being rotated out (one previous secret at a time).
+func (s *alertService) RotateAlertWebhookSecret(ctx context.Context, req *connect.Request[adminv1.RotateAlertWebhookSecretRequest]) (*connect.Response[adminv1.RotateAlertWebhookSecretResponse], error) {
+	if err := requireID("id", req.Msg.GetId()); err != nil {
+		authz.MarkChecked(ctx)
+		return nil, err
+	}
+	grace, err := parseGracePeriod(req.Msg.GetGracePeriod())
+	if err != nil {
+		authz.MarkChecked(ctx)
+		return nil, err
+	}
+	if s.keys == nil {
+		authz.MarkChecked(ctx)
+		return nil, errNoKeyRing
+	}
+	secret := newWebhookSecret()
+	sealed := s.keys.Seal([]byte(secret))
+	var out *adminv1.AlertWebhook
+	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		w, err := tx.WebhookGetForUpdate(ctx, tenant(ctx), req.Msg.GetId())
+		if err != nil {
+			authz.MarkChecked(ctx) // another org's webhook is not found
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(w.OrgID, "webhook "+w.ID)); err != nil {
+			return err
+		}
+		before := webhookToProto(w)
+		var until *time.Time
+		if grace > 0 {
+			u := tx.Now().Add(grace).Truncate(time.Microsecond)
+			until = &u
+		}
+		if err := tx.WebhookRotate(ctx, &w, sealed, until); err != nil {
+			return err
+		}
+		out = webhookToProto(w)
+		after, err := rotationAfter(out, grace, until)
+		if err != nil {
+			return err
+		}
+		return tx.Audit(ctx, audit.ActionRotated, objWebhook, w.ID, w.OrgID, "", auditJSON(before), after)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.RotateAlertWebhookSecretResponse{Webhook: out, Secret: secret}), nil
 }
 
 func (s *alertService) ListAlertDeliveries(ctx context.Context, req *connect.Request[adminv1.ListAlertDeliveriesRequest]) (*connect.Response[adminv1.ListAlertDeliveriesResponse], error) {

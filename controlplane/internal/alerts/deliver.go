@@ -241,11 +241,24 @@ func (d *Deliverer) send(ctx context.Context, w store.DeliveryWork) error {
 	if err != nil {
 		return err
 	}
+	now := d.cfg.Now()
+	// During a rotation's grace the previous secret signs too: the
+	// receiver verifies with either (docs/alerts.md, "Rotating the secret").
+	var prevKey []byte
+	if w.PreviousValidUntil != nil && now.Before(*w.PreviousValidUntil) && len(w.PreviousSecretCiphertext) > 0 {
+		prev, err := d.cfg.Open(w.PreviousSecretCiphertext)
+		if err != nil {
+			return fmt.Errorf("open previous webhook secret: %w", err)
+		}
+		if prevKey, err = SecretKey(string(prev)); err != nil {
+			return err
+		}
+	}
 	body, err := Payload(w.Alert)
 	if err != nil {
 		return err
 	}
-	ts := d.cfg.Now().Unix()
+	ts := now.Unix()
 	actx, cancel := context.WithTimeout(ctx, d.cfg.AttemptTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(actx, http.MethodPost, w.URL, bytes.NewReader(body))
@@ -256,7 +269,11 @@ func (d *Deliverer) send(ctx context.Context, w store.DeliveryWork) error {
 	req.Header.Set("User-Agent", "sluice-alerts/1")
 	req.Header.Set(HeaderID, w.ID)
 	req.Header.Set(HeaderTimestamp, strconv.FormatInt(ts, 10))
-	req.Header.Set(HeaderSignature, Sign(key, w.ID, ts, body))
+	sig := Sign(key, w.ID, ts, body)
+	if prevKey != nil {
+		sig += " " + Sign(prevKey, w.ID, ts, body)
+	}
+	req.Header.Set(HeaderSignature, sig)
 	resp, err := d.cfg.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("post: %w", err)

@@ -107,6 +107,15 @@ func Customer(c store.Customer) (*configv1.Customer, error) {
 	return &configv1.Customer{Id: c.ID, OrgId: c.OrgID, ExternalId: c.ExternalID, Limits: l, Blocked: c.Blocked}, nil
 }
 
+// LabelScope converts a project or tag scope.
+func LabelScope(ls store.LabelScope) (*configv1.LabelScope, error) {
+	l, err := limits(ls.Limits)
+	if err != nil {
+		return nil, err
+	}
+	return &configv1.LabelScope{Id: ls.ID, OrgId: ls.OrgID, Kind: ls.Kind, Name: ls.Name, Limits: l}, nil
+}
+
 // Key converts a key as of now: rotated-out hashes whose grace is over
 // are left out.
 func Key(k store.ConfigKey, now time.Time) (*configv1.Key, error) {

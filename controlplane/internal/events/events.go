@@ -36,11 +36,13 @@ type Object string
 
 // Objects.
 const (
-	ObjOrg        Object = "org"
-	ObjTeam       Object = "team"
-	ObjMember     Object = "team_member"
-	ObjUser       Object = "user"
-	ObjCustomer   Object = "customer"
+	ObjOrg      Object = "org"
+	ObjTeam     Object = "team"
+	ObjMember   Object = "team_member"
+	ObjUser     Object = "user"
+	ObjCustomer Object = "customer"
+	// ObjLabelScope is a project or tag scope of an org (docs/limits.md).
+	ObjLabelScope Object = "label_scope"
 	ObjKey        Object = "key"
 	ObjModelGroup Object = "model_group"
 	ObjDeployment Object = "deployment"
@@ -91,11 +93,15 @@ const (
 	CustomerDeleted   Kind = "customer.deleted"
 	CustomerBlocked   Kind = "customer.blocked"
 	CustomerUnblocked Kind = "customer.unblocked"
-	KeyUpserted       Kind = "key.upserted"
-	KeyDeleted        Kind = "key.deleted"
-	KeyRotated        Kind = "key.rotated"
-	KeyBlocked        Kind = "key.blocked"
-	KeyUnblocked      Kind = "key.unblocked"
+	// A label scope's deletion lifts limits: it reaches every region at
+	// once like any deletion, and is not a revocation.
+	LabelScopeUpserted Kind = "label_scope.upserted"
+	LabelScopeDeleted  Kind = "label_scope.deleted"
+	KeyUpserted        Kind = "key.upserted"
+	KeyDeleted         Kind = "key.deleted"
+	KeyRotated         Kind = "key.rotated"
+	KeyBlocked         Kind = "key.blocked"
+	KeyUnblocked       Kind = "key.unblocked"
 	// Model groups and deployments are platform objects (org_id ""). A
 	// deleted deployment is a security event: a removed upstream stops
 	// receiving traffic in every region at once.
@@ -222,6 +228,19 @@ var objects = map[Object]object{
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_CustomerDeleted{CustomerDeleted: r.id}
 		}},
+	ObjLabelScope: {ref: idRef,
+		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
+			l, err := st.LabelScopeGet(ctx, all, r.id)
+			if err != nil {
+				return err
+			}
+			m, err := configmsg.LabelScope(l)
+			ev.Change = &configv1.Event_LabelScope{LabelScope: m}
+			return err
+		},
+		deleted: func(r ref, ev *configv1.Event) {
+			ev.Change = &configv1.Event_LabelScopeDeleted{LabelScopeDeleted: r.id}
+		}},
 	ObjKey: {ref: idRef,
 		load: func(ctx context.Context, st *store.Store, r ref, now time.Time, ev *configv1.Event) error {
 			k, err := st.ConfigKeyGet(ctx, r.id)
@@ -317,6 +336,8 @@ var registry = func() map[Kind]Spec {
 	add(CustomerDeleted, ObjCustomer, OpDelete)
 	add(CustomerBlocked, ObjCustomer, OpBlock)
 	add(CustomerUnblocked, ObjCustomer, OpUnblock)
+	add(LabelScopeUpserted, ObjLabelScope, OpUpsert)
+	add(LabelScopeDeleted, ObjLabelScope, OpDelete)
 	add(KeyUpserted, ObjKey, OpUpsert)
 	add(KeyDeleted, ObjKey, OpDelete)
 	add(KeyRotated, ObjKey, OpRotate)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 	"github.com/sluicegw/sluice/internal/testsvc"
@@ -41,7 +42,7 @@ func TestRegistry(t *testing.T) {
 			require.NotNil(t, o.ref)
 		}
 	}
-	require.Len(t, Kinds(), 32)
+	require.Len(t, Kinds(), 34)
 	_, err := Lookup("org.renamed")
 	require.ErrorIs(t, err, ErrUnknownKind)
 	require.Equal(t, Kind(""), For(ObjModelGroup, OpBlock))
@@ -127,6 +128,23 @@ func TestBuild(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "team_x", ev.GetMemberDeleted().GetTeamId(), "a member's ids from its object id when the payload lacks them")
 	require.Equal(t, "user_y", ev.GetMemberDeleted().GetUserId())
+
+	require.NoError(t, st.Mutate(ctx, store.Actor{ID: "test"}, func(tx *store.Tx) error {
+		if err := tx.LabelScopeInsert(ctx, &store.LabelScope{ID: "lsc_x", OrgID: "org_b", Kind: store.LabelKindTag, Name: "nightly",
+			Limits: []byte(`{"rpmLimit":"5"}`)}); err != nil {
+			return err
+		}
+		return tx.Audit(ctx, "created", "label_scope", "lsc_x", "org_b", "", nil, []byte(`{}`))
+	}))
+	ev, err = Build(ctx, st, row("label_scope.upserted", "label_scope", "lsc_x", "{}"), time.Now())
+	require.NoError(t, err)
+	require.False(t, ev.GetSecurity())
+	want := &configv1.LabelScope{Id: "lsc_x", OrgId: "org_b", Kind: "tag", Name: "nightly", Limits: &configv1.Limits{RpmLimit: proto.Int64(5)}}
+	require.True(t, proto.Equal(want, ev.GetLabelScope()), "%v", ev.GetLabelScope())
+	ev, err = Build(ctx, st, row("label_scope.deleted", "label_scope", "lsc_x", "{}"), time.Now())
+	require.NoError(t, err)
+	require.True(t, ev.GetSecurity())
+	require.Equal(t, "lsc_x", ev.GetLabelScopeDeleted())
 
 	_, err = Build(ctx, st, row("org.renamed", "org", "org_b", "{}"), time.Now())
 	require.ErrorIs(t, err, ErrUnknownKind)

@@ -451,6 +451,10 @@ func eventObject(ev *configv1.Event) (string, string) {
 		return "customer", c.Customer.GetId()
 	case *configv1.Event_CustomerDeleted:
 		return "customer", c.CustomerDeleted
+	case *configv1.Event_LabelScope:
+		return "label_scope", c.LabelScope.GetId()
+	case *configv1.Event_LabelScopeDeleted:
+		return "label_scope", c.LabelScopeDeleted
 	case *configv1.Event_Key:
 		return "key", c.Key.GetId()
 	case *configv1.Event_KeyDeleted:

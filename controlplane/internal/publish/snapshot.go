@@ -124,6 +124,13 @@ func snapshotFrom(st store.ConfigState, v uint64, now time.Time) (*configv1.Snap
 		}
 		s.Customers = append(s.Customers, m)
 	}
+	for _, ls := range st.LabelScopes {
+		m, err := configmsg.LabelScope(ls)
+		if err != nil {
+			return nil, err
+		}
+		s.LabelScopes = append(s.LabelScopes, m)
+	}
 	for _, ti := range st.Issuers {
 		s.TrustedIssuers = append(s.TrustedIssuers, configmsg.TrustedIssuer(ti))
 	}

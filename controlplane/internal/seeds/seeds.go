@@ -294,6 +294,16 @@ func (r *Responder) plan(ctx context.Context, req *configv1.BudgetSeedRequest) (
 				return nil, errLedgerDown
 			}
 			sc.Customer = cu.ExternalID
+		case budget.KindProject, budget.KindTag:
+			ls, err := r.st.LabelScopeGet(ctx, store.Tenant{OrgID: org}, id)
+			if errors.Is(err, store.ErrNotFound) || (err == nil && ls.Kind != q.GetKind()) {
+				return nil, fmt.Errorf("scope %d: no %s scope %q in org %q", i, q.GetKind(), id, org)
+			}
+			if err != nil {
+				r.log.Warn("label scope lookup failed", "error", err)
+				return nil, errLedgerDown
+			}
+			sc.Label = ls.Name
 		default:
 			return nil, fmt.Errorf("scope %d: kind %q has no budget", i, q.GetKind())
 		}

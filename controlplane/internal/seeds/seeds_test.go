@@ -345,3 +345,68 @@ func TestSeedsAnyReplicaAnswers(t *testing.T) {
 	require.Positive(t, s1.Answered)
 	require.Positive(t, s2.Answered)
 }
+
+// TestSeedsOfProjectAndTagScopes: a project (tag) scope's seed is the
+// ledger spend of its org's requests whose key carried the project (the
+// tag) in the window: whole days from spend_daily, edges from spend_logs.
+// The scope is named by its id; a scope of another org or of the other
+// kind is refused.
+func TestSeedsOfProjectAndTagScopes(t *testing.T) {
+	t.Parallel()
+	e := setup(t, Config{})
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := e.pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	created := at(t, "2026-10-01T00:00:00Z")
+	exec(`INSERT INTO orgs (id, name, limits, created_at, updated_at) VALUES ('org_a', 'a', '{}', $1, $1), ('org_b', 'b', '{}', $1, $1)`, created)
+	exec(`INSERT INTO label_scopes (id, org_id, kind, name, limits, created_at, updated_at) VALUES
+		('lsc_p', 'org_a', 'project', 'search', '{}', $1, $1), ('lsc_t', 'org_a', 'tag', 'nightly', '{}', $1, $1),
+		('lsc_pb', 'org_b', 'project', 'search', '{}', $1, $1)`, created)
+	type log = store.SpendLog
+	_, err := e.st.SpendRecord(ctx, []log{
+		{RequestID: "p1", At: at(t, "2026-10-31T23:59:59Z"), OrgID: "org_a", KeyID: "key_1", Project: "search", CostUSD: 1},
+		{RequestID: "p2", At: at(t, "2026-11-01T00:00:00Z"), OrgID: "org_a", KeyID: "key_1", Project: "search", Tags: []string{"nightly"}, CostUSD: 2},
+		{RequestID: "p3", At: at(t, "2026-11-16T11:00:00Z"), OrgID: "org_a", KeyID: "key_2", Project: "search", Tags: []string{"a", "nightly"}, CostUSD: 4},
+		{RequestID: "p4", At: at(t, "2026-11-16T13:00:00Z"), OrgID: "org_a", KeyID: "key_2", Project: "other", Tags: []string{"nightly"}, CostUSD: 8},
+		{RequestID: "p5", At: at(t, "2026-11-17T09:00:00Z"), OrgID: "org_a", KeyID: "key_3", Project: "search", Tags: []string{"nightly"}, CostUSD: 16},
+		{RequestID: "p6", At: at(t, "2026-11-17T10:00:00Z"), OrgID: "org_b", KeyID: "key_4", Project: "search", Tags: []string{"nightly"}, CostUSD: 32},
+		{RequestID: "p7", At: at(t, "2026-11-18T01:00:00Z"), OrgID: "org_a", KeyID: "key_1", Tags: []string{"nightly"}, CostUSD: 64},
+	})
+	require.NoError(t, err)
+	const usd = 1_000_000
+	nov1 := at(t, "2026-11-01T00:00:00Z")
+	for _, c := range []struct {
+		name   string
+		org    string
+		scope  *configv1.BudgetSeed
+		micros int64
+	}{
+		// p2 p3 p5 (p1 is October's, p4 another project, p6 org B's).
+		{"project, 1mo", "org_a", scope("org_a", budget.KindProject, "lsc_p", "1mo", nov1), (2 + 4 + 16) * usd},
+		{"project of org B", "org_b", scope("org_b", budget.KindProject, "lsc_pb", "1mo", nov1), 32 * usd},
+		// [11-16 12:00, 11-18 00:00): p4 from the logs of 11-16, p5 from
+		// the daily aggregate of 11-17; p3 (11:00) is before, p7 after.
+		{"tag, 36h", "org_a", scope("org_a", budget.KindTag, "lsc_t", "36h", at(t, "2026-11-16T12:00:00Z")), (8 + 16) * usd},
+		{"tag, 1mo", "org_a", scope("org_a", budget.KindTag, "lsc_t", "1mo", nov1), (2 + 4 + 8 + 16 + 64) * usd},
+	} {
+		rep := e.ask(c.org, time.Second, c.scope)
+		require.Empty(t, rep.GetError(), c.name)
+		require.Len(t, rep.GetSeeds(), 1, c.name)
+		require.Equal(t, c.micros, rep.GetSeeds()[0].GetSpendMicros(), c.name)
+	}
+	for _, c := range []struct {
+		org   string
+		scope *configv1.BudgetSeed
+		want  string
+	}{
+		{"org_a", scope("", budget.KindProject, "lsc_pb", "1mo", nov1), `no project scope "lsc_pb" in org "org_a"`},
+		{"org_a", scope("", budget.KindTag, "lsc_p", "1mo", nov1), `no tag scope "lsc_p" in org "org_a"`},
+	} {
+		rep := e.ask(c.org, time.Second, c.scope)
+		require.Contains(t, rep.GetError(), c.want)
+		require.Empty(t, rep.GetSeeds())
+	}
+}

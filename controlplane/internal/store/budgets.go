@@ -21,6 +21,8 @@ import (
 //	team       TeamID
 //	org        OrgID
 //	customer   OrgID and Customer (the customer's external id)
+//	project    OrgID and Label (the project)
+//	tag        OrgID and Label (the tag)
 //	key_model  KeyID and ModelGroup
 //	team_model TeamID and ModelGroup
 //
@@ -33,6 +35,7 @@ type BudgetScope struct {
 	UserID     string
 	KeyID      string
 	Customer   string
+	Label      string
 	ModelGroup string
 	Start, End time.Time
 }
@@ -145,6 +148,24 @@ func (s *Store) BudgetSpend(ctx context.Context, scopes []BudgetScope) ([]float6
 			var rs []dbsqlc.BudgetSpendCustomerRow
 			rs, err = s.q.BudgetSpendCustomer(ctx, s.pool, dbsqlc.BudgetSpendCustomerParams{
 				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), ExternalIds: field(func(b BudgetScope) string { return b.Customer }),
+				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
+			})
+			for _, r := range rs {
+				rows = append(rows, row{r.Idx, r.CostUsd})
+			}
+		case budget.KindProject:
+			var rs []dbsqlc.BudgetSpendProjectRow
+			rs, err = s.q.BudgetSpendProject(ctx, s.pool, dbsqlc.BudgetSpendProjectParams{
+				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), Names: field(func(b BudgetScope) string { return b.Label }),
+				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
+			})
+			for _, r := range rs {
+				rows = append(rows, row{r.Idx, r.CostUsd})
+			}
+		case budget.KindTag:
+			var rs []dbsqlc.BudgetSpendTagRow
+			rs, err = s.q.BudgetSpendTag(ctx, s.pool, dbsqlc.BudgetSpendTagParams{
+				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), Names: field(func(b BudgetScope) string { return b.Label }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
 			})
 			for _, r := range rs {

@@ -29,6 +29,8 @@ type ConfigState struct {
 	Users     []User
 	Members   []TeamMember
 	Customers []Customer
+	// LabelScopes are the project and tag scopes of every org.
+	LabelScopes []LabelScope
 	// Issuers are the trusted JWT issuers of every org.
 	Issuers []TrustedIssuer
 	Keys    []ConfigKey
@@ -114,6 +116,13 @@ func (s *Store) ConfigState(ctx context.Context) (ConfigState, error) {
 			return st, err
 		}
 		st.Customers = append(st.Customers, c)
+	}
+	labels, err := s.q.ConfigLabelScopes(ctx, tx)
+	if err != nil {
+		return st, fmt.Errorf("read label scopes: %w", err)
+	}
+	for _, r := range labels {
+		st.LabelScopes = append(st.LabelScopes, labelScopeFromRow(r))
 	}
 	issuers, err := s.q.ConfigTrustedIssuers(ctx, tx)
 	if err != nil {

@@ -119,10 +119,10 @@ func (t *Tx) OrgDelete(ctx context.Context, id string) error {
 	if err != nil {
 		return fmt.Errorf("count org children: %w", err)
 	}
-	if n := c.Teams + c.Users + c.Keys + c.Customers + c.AdminTokens; n > 0 {
+	if n := c.Teams + c.Users + c.Keys + c.Customers + c.LabelScopes + c.AdminTokens; n > 0 {
 		return &Error{Code: ErrFailedPrecondition, Msg: fmt.Sprintf(
-			"org %s still has %d teams, %d users, %d keys, %d customers and %d admin tokens; delete them first",
-			id, c.Teams, c.Users, c.Keys, c.Customers, c.AdminTokens)}
+			"org %s still has %d teams, %d users, %d keys, %d customers, %d project/tag scopes and %d admin tokens; delete them first",
+			id, c.Teams, c.Users, c.Keys, c.Customers, c.LabelScopes, c.AdminTokens)}
 	}
 	if err := t.q.AdminTokenDeleteRevokedForOrg(ctx, t.tx, &id); err != nil {
 		return fmt.Errorf("delete revoked admin tokens: %w", err)

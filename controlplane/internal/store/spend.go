@@ -23,6 +23,9 @@ const (
 	SpendScopeModelGroup = "model_group"
 	SpendScopeDeployment = "deployment"
 	SpendScopeTag        = "tag"
+	// SpendScopeProject rows exist from migration 0013 on (which
+	// backfilled the days recorded before it).
+	SpendScopeProject = "project"
 )
 
 // SpendLog is one request in the usage ledger.
@@ -105,11 +108,11 @@ func (k spendKey) compare(o spendKey) int {
 // spendScopes returns the (scope, id) pairs l counts towards; empty ids
 // are skipped, and each tag counts once even if repeated.
 func spendScopes(l *SpendLog) [][2]string {
-	out := make([][2]string, 0, 8+len(l.Tags))
+	out := make([][2]string, 0, 9+len(l.Tags))
 	for _, s := range [][2]string{
 		{SpendScopeOrg, l.OrgID}, {SpendScopeTeam, l.TeamID}, {SpendScopeUser, l.UserID},
 		{SpendScopeKey, l.KeyID}, {SpendScopeCustomer, l.Customer}, {SpendScopeModelGroup, l.ModelGroup},
-		{SpendScopeDeployment, l.DeploymentID},
+		{SpendScopeDeployment, l.DeploymentID}, {SpendScopeProject, l.Project},
 	} {
 		if s[1] != "" {
 			out = append(out, s)

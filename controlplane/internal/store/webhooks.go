@@ -20,11 +20,27 @@ type Webhook struct {
 	SecretCiphertext []byte
 	CreatedAt        time.Time
 	CreatedBy        string
+	// PreviousSecretCiphertext (sealed) signs requests besides the current
+	// secret until PreviousValidUntil (docs/alerts.md, "Rotating the
+	// secret"); both nil when no grace was given.
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	// SecretRotatedAt is the last rotation (nil: never rotated).
+	SecretRotatedAt *time.Time
 }
 
 func webhookFromRow(r dbsqlc.AlertWebhook) Webhook {
 	return Webhook{ID: r.ID, OrgID: r.OrgID, URL: r.Url, Description: r.Description, SecretCiphertext: r.SecretCiphertext,
-		CreatedAt: r.CreatedAt.UTC(), CreatedBy: r.CreatedBy}
+		CreatedAt: r.CreatedAt.UTC(), CreatedBy: r.CreatedBy, PreviousSecretCiphertext: r.PreviousSecretCiphertext,
+		PreviousValidUntil: utcPtr(r.PreviousValidUntil), SecretRotatedAt: utcPtr(r.SecretRotatedAt)}
+}
+
+func utcPtr(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }
 
 // Delivery states.
@@ -77,6 +93,34 @@ func (t *Tx) WebhookGet(ctx context.Context, tn Tenant, id string) (Webhook, err
 		return Webhook{}, orNotFound(err, "webhook "+id)
 	}
 	return webhookFromRow(r), nil
+}
+
+// WebhookGetForUpdate returns webhook id locked for the rest of the
+// transaction.
+func (t *Tx) WebhookGetForUpdate(ctx context.Context, tn Tenant, id string) (Webhook, error) {
+	r, err := t.q.WebhookGetForUpdate(ctx, t.tx, dbsqlc.WebhookGetForUpdateParams{ID: id, OrgID: optStr(tn.OrgID)})
+	if err != nil {
+		return Webhook{}, orNotFound(err, "webhook "+id)
+	}
+	return webhookFromRow(r), nil
+}
+
+// WebhookRotate gives w the sealed secret sealed: with until set, its
+// current secret becomes the previous one, signing besides the new one
+// until then; without, the new secret alone signs (any previous one is
+// dropped). w is updated to the stored state.
+func (t *Tx) WebhookRotate(ctx context.Context, w *Webhook, sealed []byte, until *time.Time) error {
+	var prev []byte
+	if until != nil {
+		prev = w.SecretCiphertext
+	}
+	now := t.now
+	if err := translate(t.q.WebhookRotate(ctx, t.tx, dbsqlc.WebhookRotateParams{ID: w.ID, SecretCiphertext: sealed,
+		PreviousSecretCiphertext: prev, PreviousValidUntil: until, RotatedAt: &now})); err != nil {
+		return err
+	}
+	w.SecretCiphertext, w.PreviousSecretCiphertext, w.PreviousValidUntil, w.SecretRotatedAt = sealed, prev, until, &now
+	return nil
 }
 
 // WebhookDelete deletes webhook id and its deliveries.
@@ -151,7 +195,11 @@ type DeliveryWork struct {
 	Attempts         int
 	URL              string
 	SecretCiphertext []byte
-	Alert            BudgetAlert
+	// PreviousSecretCiphertext signs too while the clock is before
+	// PreviousValidUntil (a rotation's grace).
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	Alert                    BudgetAlert
 }
 
 // DeliveryClaim takes up to limit due deliveries for one worker: it locks
@@ -176,6 +224,7 @@ func (s *Store) DeliveryClaim(ctx context.Context, limit int, lease time.Duratio
 				return err
 			}
 			out = append(out, DeliveryWork{ID: r.DeliveryID, Attempts: int(r.Attempts), URL: r.Url, SecretCiphertext: r.SecretCiphertext,
+				PreviousSecretCiphertext: r.PreviousSecretCiphertext, PreviousValidUntil: utcPtr(r.PreviousValidUntil),
 				Alert: alertFromRow(dbsqlc.BudgetAlert{AlertID: r.AlertID, FiredAt: r.FiredAt, OrgID: r.OrgID, TeamID: r.TeamID,
 					ScopeKind: r.ScopeKind, ScopeID: r.ScopeID, ThresholdPercent: r.ThresholdPercent, SpendMicros: r.SpendMicros,
 					CapMicros: r.CapMicros, SoftMicros: r.SoftMicros, BudgetDuration: r.BudgetDuration, WindowStart: r.WindowStart,

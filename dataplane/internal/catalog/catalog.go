@@ -30,6 +30,10 @@ type memberKey struct{ team, user string }
 // and the external id the client sends (x-sluice-end-user).
 type customerKey struct{ org, externalID string }
 
+// labelKey names a project or tag scope the way keys do: the key's org,
+// the kind ("project" or "tag") and the label.
+type labelKey struct{ org, kind, name string }
+
 // hashEntry points a token hash at a key.
 type hashEntry struct {
 	keyID         string
@@ -59,6 +63,11 @@ type Catalog struct {
 	byExternal map[customerKey]*configv1.Customer
 	keys       map[string]*configv1.Key
 	byHash     map[string]hashEntry
+	// labels are the project and tag scopes by id; byLabel indexes them by
+	// (org, kind, name), unique in the control plane and immutable there,
+	// updated with every change of labels (copy-on-write).
+	labels  map[string]*configv1.LabelScope
+	byLabel map[labelKey]*configv1.LabelScope
 
 	groups map[string]*configv1.ModelGroup
 	// granted indexes each group's granted_org_ids as a set (built with
@@ -123,6 +132,8 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 		customers: make(map[string]*configv1.Customer, len(s.Customers)), keys: make(map[string]*configv1.Key, len(s.Keys)),
 		byExternal: make(map[customerKey]*configv1.Customer, len(s.Customers)),
 		byHash:     make(map[string]hashEntry, len(s.Keys)),
+		labels:     make(map[string]*configv1.LabelScope, len(s.LabelScopes)),
+		byLabel:    make(map[labelKey]*configv1.LabelScope, len(s.LabelScopes)),
 		issuers:    make(map[string]*configv1.TrustedIssuer, len(s.TrustedIssuers)),
 		idents:     &identIndex{},
 	}
@@ -145,6 +156,9 @@ func FromSnapshot(s *configv1.Snapshot, regionSeq uint64, open OpenFunc) (*Catal
 	}
 	for _, cu := range s.Customers {
 		c.putCustomer(c.customers[cu.GetId()], cu)
+	}
+	for _, ls := range s.LabelScopes {
+		c.putLabel(c.labels[ls.GetId()], ls)
 	}
 	c.granted = make(map[string]map[string]struct{}, len(s.ModelGroups))
 	for _, g := range s.ModelGroups {
@@ -190,6 +204,28 @@ func (n *Catalog) dropCustomerIndex(old *configv1.Customer) {
 	}
 }
 
+func labelKeyOf(ls *configv1.LabelScope) labelKey {
+	return labelKey{ls.GetOrgId(), ls.GetKind(), ls.GetName()}
+}
+
+// putLabel sets ls in n's label maps, which must be n's own copies,
+// dropping the index entry of the version it replaces (old, if any).
+func (n *Catalog) putLabel(old, ls *configv1.LabelScope) {
+	if old != nil {
+		n.dropLabelIndex(old)
+	}
+	n.labels[ls.GetId()] = ls
+	n.byLabel[labelKeyOf(ls)] = ls
+}
+
+// dropLabelIndex removes old's index entry if it still points at old's id.
+func (n *Catalog) dropLabelIndex(old *configv1.LabelScope) {
+	k := labelKeyOf(old)
+	if cur := n.byLabel[k]; cur != nil && cur.GetId() == old.GetId() {
+		delete(n.byLabel, k)
+	}
+}
+
 func indexKey(byHash map[string]hashEntry, k *configv1.Key) {
 	for _, o := range k.GetOldHashes() {
 		byHash[string(o.GetHash())] = hashEntry{keyID: k.GetId(), pepperVersion: o.GetPepperVersion(), validUntil: o.GetValidUntil().AsTime()}
@@ -212,7 +248,8 @@ func unindexKey(byHash map[string]hashEntry, k *configv1.Key) {
 func (c *Catalog) Counts() map[string]int {
 	return map[string]int{"orgs": len(c.orgs), "teams": len(c.teams), "users": len(c.users),
 		"members": len(c.members), "customers": len(c.customers), "keys": len(c.keys),
-		"model_groups": len(c.groups), "deployments": len(c.deployments), "trusted_issuers": len(c.issuers)}
+		"model_groups": len(c.groups), "deployments": len(c.deployments), "trusted_issuers": len(c.issuers),
+		"label_scopes": len(c.labels)}
 }
 
 // ErrUnknownChange is returned for an event this build cannot apply.
@@ -286,6 +323,15 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 			n.customers, n.byExternal = maps.Clone(c.customers), maps.Clone(c.byExternal)
 			n.dropCustomerIndex(old)
 			delete(n.customers, ch.CustomerDeleted)
+		}
+	case *configv1.Event_LabelScope:
+		n.labels, n.byLabel = maps.Clone(c.labels), maps.Clone(c.byLabel)
+		n.putLabel(c.labels[ch.LabelScope.GetId()], ch.LabelScope)
+	case *configv1.Event_LabelScopeDeleted:
+		if old := c.labels[ch.LabelScopeDeleted]; old != nil {
+			n.labels, n.byLabel = maps.Clone(c.labels), maps.Clone(c.byLabel)
+			n.dropLabelIndex(old)
+			delete(n.labels, ch.LabelScopeDeleted)
 		}
 	case *configv1.Event_Key:
 		if len(ch.Key.GetHash()) != 32 {
@@ -481,6 +527,9 @@ func (c *Catalog) Equal(o *Catalog) error {
 	if err := eqMaps("customer", c.customers, o.customers); err != nil {
 		return err
 	}
+	if err := eqMaps("label scope", c.labels, o.labels); err != nil {
+		return err
+	}
 	if err := eqMaps("model group", c.groups, o.groups); err != nil {
 		return err
 	}
@@ -505,6 +554,35 @@ func (c *Catalog) Equal(o *Catalog) error {
 // attribution, and only a known, blocked customer is refused.
 func (c *Catalog) Customer(orgID, externalID string) *configv1.Customer {
 	return c.byExternal[customerKey{orgID, externalID}]
+}
+
+// Label scope kinds (configv1.LabelScope.kind).
+const (
+	LabelProject = "project"
+	LabelTag     = "tag"
+)
+
+// LabelScopes returns the project and tag scopes that limit key k: the
+// scope of its project and those of its tags, in that order (tags in the
+// key's order; a key's tags are unique). Labels without a scope are left
+// out; a key without any gets nil.
+func (c *Catalog) LabelScopes(k *configv1.Key) []*configv1.LabelScope {
+	if len(c.byLabel) == 0 {
+		return nil
+	}
+	var out []*configv1.LabelScope
+	org := k.GetOrgId()
+	if p := k.GetProject(); p != "" {
+		if ls := c.byLabel[labelKey{org, LabelProject, p}]; ls != nil {
+			out = append(out, ls)
+		}
+	}
+	for _, t := range k.GetTags() {
+		if ls := c.byLabel[labelKey{org, LabelTag, t}]; ls != nil {
+			out = append(out, ls)
+		}
+	}
+	return out
 }
 
 // OrgIDs returns the ids of every org.

@@ -401,7 +401,7 @@ func (x *exchange) explainClass(cat *catalog.Catalog, hd http.Header) *configv1.
 // written) and returns the refusal admission would give, if any.
 func (x *exchange) explainLimits(ctx context.Context, tr *configv1.ExplainTrace, cands []candidate) *openai.Error {
 	h := x.h
-	scopes := limitScopes(x.p, x.cust, x.group, h.cfg.RateFallbackDefault)
+	scopes := limitScopes(x.p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
 	var depScopes []limits.Scope
 	var depOrgs []string
 	for _, c := range cands {

@@ -44,8 +44,9 @@ var errLeaseLost = errors.New("concurrency leases could not be renewed (limits u
 
 // limitScopes builds the scopes of a request: every level of the principal
 // that carries a limit, the key's and team's per-model limits for group,
-// and the end customer's limits. Scopes without any limit are left out.
-func limitScopes(p *catalog.Principal, cu *configv1.Customer, group string, fallbackDefault bool) []limits.Scope {
+// the end customer's limits, and the project and tag scopes of the key
+// (labels, catalog.LabelScopes). Scopes without any limit are left out.
+func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1.LabelScope, group string, fallbackDefault bool) []limits.Scope {
 	var out []limits.Scope
 	var local bool // the rate_limit_fallback of the level being added
 	add := func(kind, id string, rpm, tpm, par int64, capUSD, softUSD float64, window string) {
@@ -100,6 +101,13 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, group string, fall
 	level(limits.KindOrg, p.Org.GetId(), p.Org.GetLimits(), 0)
 	if cu != nil {
 		level(limits.KindCustomer, cu.GetId(), cu.GetLimits(), 0)
+	}
+	for _, ls := range labels {
+		kind := limits.KindProject
+		if ls.GetKind() == catalog.LabelTag {
+			kind = limits.KindTag
+		}
+		level(kind, ls.GetId(), ls.GetLimits(), 0)
 	}
 	return out
 }
@@ -176,7 +184,7 @@ func (x *exchange) estimate(cands []candidate) (tokens, maxCostMicros int64, e *
 // way.
 func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []candidate) *openai.Error {
 	h := x.h
-	scopes := limitScopes(x.p, x.cust, x.group, h.cfg.RateFallbackDefault)
+	scopes := limitScopes(x.p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
 	if len(scopes) == 0 {
 		return nil
 	}

@@ -76,6 +76,8 @@ type exchange struct {
 
 	// cust is the end customer's record when the org knows it.
 	cust *configv1.Customer
+	// labels are the project and tag scopes of the key (attribute).
+	labels []*configv1.LabelScope
 	// class is the traffic class (the admission stage, traffic.go), by
 	// name and value, and the reason it was chosen; countedInteractive is
 	// set while the request counts among its key's interactive requests
@@ -207,7 +209,8 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) *openai.Error {
 }
 
 // attribute reads the attribution headers, refuses a blocked end customer
-// and a route the key may not call.
+// and a route the key may not call, and finds the key's project and tag
+// scopes.
 func (x *exchange) attribute(cat *catalog.Catalog, hd http.Header) *openai.Error {
 	if e := x.attribution(hd); e != nil {
 		return e
@@ -215,6 +218,7 @@ func (x *exchange) attribute(cat *catalog.Catalog, hd http.Header) *openai.Error
 	if e := x.customerBlocked(cat); e != nil {
 		return e
 	}
+	x.labels = cat.LabelScopes(x.p.Key)
 	if routes := x.p.Key.GetAllowedRoutes(); len(routes) > 0 && !slices.Contains(routes, x.route) {
 		return openai.Forbidden(openai.CodeRouteNotAllowed, "", fmt.Sprintf("this key may not call %s", x.route))
 	}

@@ -39,6 +39,8 @@ const (
 	KindTeam       = budget.KindTeam
 	KindOrg        = budget.KindOrg
 	KindCustomer   = budget.KindCustomer
+	KindProject    = budget.KindProject
+	KindTag        = budget.KindTag
 	KindKeyModel   = budget.KindKeyModel
 	KindTeamModel  = budget.KindTeamModel
 	KindDeployment = budget.KindDeployment
@@ -51,7 +53,7 @@ func BudgetWindow(window string, t time.Time) (start, end time.Time, err error) 
 
 var validKinds = map[string]bool{
 	KindKey: true, KindUser: true, KindMember: true, KindTeam: true, KindOrg: true,
-	KindCustomer: true, KindKeyModel: true, KindTeamModel: true, KindDeployment: true,
+	KindCustomer: true, KindProject: true, KindTag: true, KindKeyModel: true, KindTeamModel: true, KindDeployment: true,
 }
 
 // Defaults of Config.

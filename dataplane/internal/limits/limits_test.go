@@ -650,7 +650,7 @@ func TestInvalidRequests(t *testing.T) {
 		{OrgID: "", RequestID: "r"},
 		{OrgID: "a{b}", RequestID: "r"},
 		{OrgID: "o", RequestID: ""},
-		{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: "project", ID: "p"}}},
+		{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: "workspace", ID: "p"}}}, // no such kind
 		{OrgID: "o", RequestID: "r", Scopes: []Scope{{Kind: KindKey, ID: "k", Budget: &Budget{CapMicros: 1, Window: "2w"}}}},
 	} {
 		_, err := b.lim.Admit(context.Background(), r)

@@ -126,9 +126,9 @@ type BudgetSpendKeyRow struct {
 // index: a snapshot of 100k keys of which a few carry budgets costs a few
 // index probes, not one round trip per scope.
 //
-// Kinds that spend_daily aggregates (key, user, team, org, customer) read
-// the whole UTC days of the window [day_from, day_to) from spend_daily and
-// only the partial days at its edges from spend_logs: [start_at, head_end)
+// Kinds that spend_daily aggregates (key, user, team, org, customer,
+// project, tag) read the whole UTC days of the window [day_from, day_to)
+// from spend_daily and only the partial days at its edges from spend_logs: [start_at, head_end)
 // and [tail_start, end_at). Both tables change in the same transaction, so
 // one statement sees them consistent. Day and month windows start and end
 // at UTC midnights: a monthly org budget reads at most 31 daily rows and
@@ -320,6 +320,142 @@ func (q *Queries) BudgetSpendOrg(ctx context.Context, db DBTX, arg BudgetSpendOr
 	items := []BudgetSpendOrgRow{}
 	for rows.Next() {
 		var i BudgetSpendOrgRow
+		if err := rows.Scan(&i.Idx, &i.CostUsd); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const budgetSpendProject = `-- name: BudgetSpendProject :many
+WITH s AS (
+    SELECT unnest($1::int[]) AS idx, unnest($2::text[]) AS org_id, unnest($3::text[]) AS name,
+           unnest($4::timestamptz[]) AS start_at, unnest($5::timestamptz[]) AS head_end,
+           unnest($6::date[]) AS day_from, unnest($7::date[]) AS day_to,
+           unnest($8::timestamptz[]) AS tail_start, unnest($9::timestamptz[]) AS end_at
+)
+SELECT s.idx::int AS idx, (
+    coalesce((SELECT sum(l.cost_usd::numeric) FROM spend_logs l
+              WHERE l.org_id = s.org_id AND l.project = s.name AND l.at >= s.start_at AND l.at < s.head_end), 0)
+  + coalesce((SELECT sum(d.cost_usd::numeric) FROM spend_daily d
+              WHERE d.scope = 'project' AND d.scope_id = s.name AND d.org_id = s.org_id
+                AND d.day >= s.day_from AND d.day < s.day_to), 0)
+  + coalesce((SELECT sum(l.cost_usd::numeric) FROM spend_logs l
+              WHERE l.org_id = s.org_id AND l.project = s.name AND l.at >= s.tail_start AND l.at < s.end_at), 0)
+)::double precision AS cost_usd
+FROM s
+`
+
+type BudgetSpendProjectParams struct {
+	Idx        []int32
+	OrgIds     []string
+	Names      []string
+	StartAts   []time.Time
+	HeadEnds   []time.Time
+	DayFroms   []pgtype.Date
+	DayTos     []pgtype.Date
+	TailStarts []time.Time
+	EndAts     []time.Time
+}
+
+type BudgetSpendProjectRow struct {
+	Idx     int32
+	CostUsd float64
+}
+
+// A project scope's requests are those of the org's keys with that
+// project (spend_daily scope 'project', from migration 0013 on).
+func (q *Queries) BudgetSpendProject(ctx context.Context, db DBTX, arg BudgetSpendProjectParams) ([]BudgetSpendProjectRow, error) {
+	rows, err := db.Query(ctx, budgetSpendProject,
+		arg.Idx,
+		arg.OrgIds,
+		arg.Names,
+		arg.StartAts,
+		arg.HeadEnds,
+		arg.DayFroms,
+		arg.DayTos,
+		arg.TailStarts,
+		arg.EndAts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []BudgetSpendProjectRow{}
+	for rows.Next() {
+		var i BudgetSpendProjectRow
+		if err := rows.Scan(&i.Idx, &i.CostUsd); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const budgetSpendTag = `-- name: BudgetSpendTag :many
+WITH s AS (
+    SELECT unnest($1::int[]) AS idx, unnest($2::text[]) AS org_id, unnest($3::text[]) AS name,
+           unnest($4::timestamptz[]) AS start_at, unnest($5::timestamptz[]) AS head_end,
+           unnest($6::date[]) AS day_from, unnest($7::date[]) AS day_to,
+           unnest($8::timestamptz[]) AS tail_start, unnest($9::timestamptz[]) AS end_at
+)
+SELECT s.idx::int AS idx, (
+    coalesce((SELECT sum(l.cost_usd::numeric) FROM spend_logs l
+              WHERE l.org_id = s.org_id AND s.name = ANY (l.tags) AND l.at >= s.start_at AND l.at < s.head_end), 0)
+  + coalesce((SELECT sum(d.cost_usd::numeric) FROM spend_daily d
+              WHERE d.scope = 'tag' AND d.scope_id = s.name AND d.org_id = s.org_id
+                AND d.day >= s.day_from AND d.day < s.day_to), 0)
+  + coalesce((SELECT sum(l.cost_usd::numeric) FROM spend_logs l
+              WHERE l.org_id = s.org_id AND s.name = ANY (l.tags) AND l.at >= s.tail_start AND l.at < s.end_at), 0)
+)::double precision AS cost_usd
+FROM s
+`
+
+type BudgetSpendTagParams struct {
+	Idx        []int32
+	OrgIds     []string
+	Names      []string
+	StartAts   []time.Time
+	HeadEnds   []time.Time
+	DayFroms   []pgtype.Date
+	DayTos     []pgtype.Date
+	TailStarts []time.Time
+	EndAts     []time.Time
+}
+
+type BudgetSpendTagRow struct {
+	Idx     int32
+	CostUsd float64
+}
+
+// A tag scope's requests are those of the org's keys carrying the tag
+// (spend_daily scope 'tag').
+func (q *Queries) BudgetSpendTag(ctx context.Context, db DBTX, arg BudgetSpendTagParams) ([]BudgetSpendTagRow, error) {
+	rows, err := db.Query(ctx, budgetSpendTag,
+		arg.Idx,
+		arg.OrgIds,
+		arg.Names,
+		arg.StartAts,
+		arg.HeadEnds,
+		arg.DayFroms,
+		arg.DayTos,
+		arg.TailStarts,
+		arg.EndAts,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []BudgetSpendTagRow{}
+	for rows.Next() {
+		var i BudgetSpendTagRow
 		if err := rows.Scan(&i.Idx, &i.CostUsd); err != nil {
 			return nil, err
 		}

@@ -159,6 +159,38 @@ func (q *Queries) ConfigKeys(ctx context.Context, db DBTX) ([]Key, error) {
 	return items, nil
 }
 
+const configLabelScopes = `-- name: ConfigLabelScopes :many
+SELECT id, org_id, kind, name, limits, created_at, updated_at FROM label_scopes ORDER BY id
+`
+
+func (q *Queries) ConfigLabelScopes(ctx context.Context, db DBTX) ([]LabelScope, error) {
+	rows, err := db.Query(ctx, configLabelScopes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []LabelScope{}
+	for rows.Next() {
+		var i LabelScope
+		if err := rows.Scan(
+			&i.ID,
+			&i.OrgID,
+			&i.Kind,
+			&i.Name,
+			&i.Limits,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const configMember = `-- name: ConfigMember :one
 SELECT team_id, user_id, org_id, max_budget_in_team, limits, created_at, updated_at FROM team_members WHERE team_id = $1 AND user_id = $2
 `

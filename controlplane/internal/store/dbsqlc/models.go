@@ -45,13 +45,16 @@ type AlertDelivery struct {
 }
 
 type AlertWebhook struct {
-	ID               string
-	OrgID            string
-	Url              string
-	Description      string
-	SecretCiphertext []byte
-	CreatedAt        time.Time
-	CreatedBy        string
+	ID                       string
+	OrgID                    string
+	Url                      string
+	Description              string
+	SecretCiphertext         []byte
+	CreatedAt                time.Time
+	CreatedBy                string
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	SecretRotatedAt          *time.Time
 }
 
 type AuditExport struct {
@@ -206,6 +209,16 @@ type KeyOldHash struct {
 	PepperVersion int32
 	ValidUntil    time.Time
 	CreatedAt     time.Time
+}
+
+type LabelScope struct {
+	ID        string
+	OrgID     string
+	Kind      string
+	Name      string
+	Limits    []byte
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 type ModelGroup struct {

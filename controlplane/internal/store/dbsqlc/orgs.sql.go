@@ -15,6 +15,7 @@ SELECT (SELECT count(*) FROM teams t WHERE t.org_id = $1)::bigint AS teams,
        (SELECT count(*) FROM users u WHERE u.org_id = $1)::bigint AS users,
        (SELECT count(*) FROM keys k WHERE k.org_id = $1)::bigint AS keys,
        (SELECT count(*) FROM customers c WHERE c.org_id = $1)::bigint AS customers,
+       (SELECT count(*) FROM label_scopes s WHERE s.org_id = $1)::bigint AS label_scopes,
        (SELECT count(*) FROM admin_tokens a WHERE a.org_id = $1 AND a.revoked_at IS NULL)::bigint AS admin_tokens
 `
 
@@ -23,6 +24,7 @@ type OrgChildrenRow struct {
 	Users       int64
 	Keys        int64
 	Customers   int64
+	LabelScopes int64
 	AdminTokens int64
 }
 
@@ -34,6 +36,7 @@ func (q *Queries) OrgChildren(ctx context.Context, db DBTX, id string) (OrgChild
 		&i.Users,
 		&i.Keys,
 		&i.Customers,
+		&i.LabelScopes,
 		&i.AdminTokens,
 	)
 	return i, err

@@ -133,7 +133,7 @@ func (q *Queries) DeliveryGet(ctx context.Context, db DBTX, arg DeliveryGetParam
 }
 
 const deliveryGetWork = `-- name: DeliveryGetWork :one
-SELECT d.delivery_id, d.attempts, w.url, w.secret_ciphertext, a.alert_id, a.fired_at, a.org_id, a.team_id, a.scope_kind, a.scope_id, a.threshold_percent, a.spend_micros, a.cap_micros, a.soft_micros, a.budget_duration, a.window_start, a.region, a.instance_id, a.request_id
+SELECT d.delivery_id, d.attempts, w.url, w.secret_ciphertext, w.previous_secret_ciphertext, w.previous_valid_until, a.alert_id, a.fired_at, a.org_id, a.team_id, a.scope_kind, a.scope_id, a.threshold_percent, a.spend_micros, a.cap_micros, a.soft_micros, a.budget_duration, a.window_start, a.region, a.instance_id, a.request_id
 FROM alert_deliveries d
 JOIN alert_webhooks w ON w.id = d.webhook_id
 JOIN budget_alerts a ON a.alert_id = d.alert_id
@@ -141,25 +141,27 @@ WHERE d.delivery_id = $1
 `
 
 type DeliveryGetWorkRow struct {
-	DeliveryID       string
-	Attempts         int32
-	Url              string
-	SecretCiphertext []byte
-	AlertID          string
-	FiredAt          time.Time
-	OrgID            string
-	TeamID           string
-	ScopeKind        string
-	ScopeID          string
-	ThresholdPercent int32
-	SpendMicros      int64
-	CapMicros        int64
-	SoftMicros       int64
-	BudgetDuration   string
-	WindowStart      time.Time
-	Region           string
-	InstanceID       string
-	RequestID        string
+	DeliveryID               string
+	Attempts                 int32
+	Url                      string
+	SecretCiphertext         []byte
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	AlertID                  string
+	FiredAt                  time.Time
+	OrgID                    string
+	TeamID                   string
+	ScopeKind                string
+	ScopeID                  string
+	ThresholdPercent         int32
+	SpendMicros              int64
+	CapMicros                int64
+	SoftMicros               int64
+	BudgetDuration           string
+	WindowStart              time.Time
+	Region                   string
+	InstanceID               string
+	RequestID                string
 }
 
 func (q *Queries) DeliveryGetWork(ctx context.Context, db DBTX, deliveryID string) (DeliveryGetWorkRow, error) {
@@ -170,6 +172,8 @@ func (q *Queries) DeliveryGetWork(ctx context.Context, db DBTX, deliveryID strin
 		&i.Attempts,
 		&i.Url,
 		&i.SecretCiphertext,
+		&i.PreviousSecretCiphertext,
+		&i.PreviousValidUntil,
 		&i.AlertID,
 		&i.FiredAt,
 		&i.OrgID,
@@ -298,7 +302,7 @@ func (q *Queries) WebhookDelete(ctx context.Context, db DBTX, id string) error {
 }
 
 const webhookGet = `-- name: WebhookGet :one
-SELECT id, org_id, url, description, secret_ciphertext, created_at, created_by FROM alert_webhooks
+SELECT id, org_id, url, description, secret_ciphertext, created_at, created_by, previous_secret_ciphertext, previous_valid_until, secret_rotated_at FROM alert_webhooks
 WHERE id = $1 AND ($2::text IS NULL OR org_id = $2)
 `
 
@@ -318,6 +322,38 @@ func (q *Queries) WebhookGet(ctx context.Context, db DBTX, arg WebhookGetParams)
 		&i.SecretCiphertext,
 		&i.CreatedAt,
 		&i.CreatedBy,
+		&i.PreviousSecretCiphertext,
+		&i.PreviousValidUntil,
+		&i.SecretRotatedAt,
+	)
+	return i, err
+}
+
+const webhookGetForUpdate = `-- name: WebhookGetForUpdate :one
+SELECT id, org_id, url, description, secret_ciphertext, created_at, created_by, previous_secret_ciphertext, previous_valid_until, secret_rotated_at FROM alert_webhooks
+WHERE id = $1 AND ($2::text IS NULL OR org_id = $2)
+FOR UPDATE
+`
+
+type WebhookGetForUpdateParams struct {
+	ID    string
+	OrgID *string
+}
+
+func (q *Queries) WebhookGetForUpdate(ctx context.Context, db DBTX, arg WebhookGetForUpdateParams) (AlertWebhook, error) {
+	row := db.QueryRow(ctx, webhookGetForUpdate, arg.ID, arg.OrgID)
+	var i AlertWebhook
+	err := row.Scan(
+		&i.ID,
+		&i.OrgID,
+		&i.Url,
+		&i.Description,
+		&i.SecretCiphertext,
+		&i.CreatedAt,
+		&i.CreatedBy,
+		&i.PreviousSecretCiphertext,
+		&i.PreviousValidUntil,
+		&i.SecretRotatedAt,
 	)
 	return i, err
 }
@@ -353,7 +389,7 @@ func (q *Queries) WebhookInsert(ctx context.Context, db DBTX, arg WebhookInsertP
 }
 
 const webhookList = `-- name: WebhookList :many
-SELECT id, org_id, url, description, secret_ciphertext, created_at, created_by FROM alert_webhooks
+SELECT id, org_id, url, description, secret_ciphertext, created_at, created_by, previous_secret_ciphertext, previous_valid_until, secret_rotated_at FROM alert_webhooks
 WHERE id > $1 AND ($2::text IS NULL OR org_id = $2)
 ORDER BY id
 LIMIT $3
@@ -382,6 +418,9 @@ func (q *Queries) WebhookList(ctx context.Context, db DBTX, arg WebhookListParam
 			&i.SecretCiphertext,
 			&i.CreatedAt,
 			&i.CreatedBy,
+			&i.PreviousSecretCiphertext,
+			&i.PreviousValidUntil,
+			&i.SecretRotatedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -391,4 +430,29 @@ func (q *Queries) WebhookList(ctx context.Context, db DBTX, arg WebhookListParam
 		return nil, err
 	}
 	return items, nil
+}
+
+const webhookRotate = `-- name: WebhookRotate :exec
+UPDATE alert_webhooks SET secret_ciphertext = $1, previous_secret_ciphertext = $2,
+    previous_valid_until = $3, secret_rotated_at = $4
+WHERE id = $5
+`
+
+type WebhookRotateParams struct {
+	SecretCiphertext         []byte
+	PreviousSecretCiphertext []byte
+	PreviousValidUntil       *time.Time
+	RotatedAt                *time.Time
+	ID                       string
+}
+
+func (q *Queries) WebhookRotate(ctx context.Context, db DBTX, arg WebhookRotateParams) error {
+	_, err := db.Exec(ctx, webhookRotate,
+		arg.SecretCiphertext,
+		arg.PreviousSecretCiphertext,
+		arg.PreviousValidUntil,
+		arg.RotatedAt,
+		arg.ID,
+	)
+	return err
 }

@@ -185,12 +185,17 @@ type AlertWebhook struct {
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	OrgId string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
 	// http:// or https:// URL without credentials or fragment.
-	Url           string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
-	Description   string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	CreatedBy     string                 `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Url         string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	Description string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	CreateTime  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreatedBy   string                 `protobuf:"bytes,6,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// When the secret was last rotated (unset: never).
+	SecretRotateTime *timestamppb.Timestamp `protobuf:"bytes,410,opt,name=secret_rotate_time,json=secretRotateTime,proto3" json:"secret_rotate_time,omitempty"`
+	// Until when requests are also signed with the previous secret (unset:
+	// no grace running).
+	PreviousSecretValidUntil *timestamppb.Timestamp `protobuf:"bytes,411,opt,name=previous_secret_valid_until,json=previousSecretValidUntil,proto3" json:"previous_secret_valid_until,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *AlertWebhook) Reset() {
@@ -265,6 +270,128 @@ func (x *AlertWebhook) GetCreatedBy() string {
 	return ""
 }
 
+func (x *AlertWebhook) GetSecretRotateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SecretRotateTime
+	}
+	return nil
+}
+
+func (x *AlertWebhook) GetPreviousSecretValidUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PreviousSecretValidUntil
+	}
+	return nil
+}
+
+type RotateAlertWebhookSecretRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// How long the previous secret keeps signing besides the new one:
+	// "90s", "15m", "24h", "7d"; at most 30d. Empty: the new secret alone
+	// from the next attempt on.
+	GracePeriod   string `protobuf:"bytes,2,opt,name=grace_period,json=gracePeriod,proto3" json:"grace_period,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateAlertWebhookSecretRequest) Reset() {
+	*x = RotateAlertWebhookSecretRequest{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateAlertWebhookSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateAlertWebhookSecretRequest) ProtoMessage() {}
+
+func (x *RotateAlertWebhookSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateAlertWebhookSecretRequest.ProtoReflect.Descriptor instead.
+func (*RotateAlertWebhookSecretRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RotateAlertWebhookSecretRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RotateAlertWebhookSecretRequest) GetGracePeriod() string {
+	if x != nil {
+		return x.GracePeriod
+	}
+	return ""
+}
+
+type RotateAlertWebhookSecretResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Webhook *AlertWebhook          `protobuf:"bytes,1,opt,name=webhook,proto3" json:"webhook,omitempty"`
+	// The new signing secret ("whsec_" + base64 of 32 bytes). Shown once.
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateAlertWebhookSecretResponse) Reset() {
+	*x = RotateAlertWebhookSecretResponse{}
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateAlertWebhookSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateAlertWebhookSecretResponse) ProtoMessage() {}
+
+func (x *RotateAlertWebhookSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateAlertWebhookSecretResponse.ProtoReflect.Descriptor instead.
+func (*RotateAlertWebhookSecretResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RotateAlertWebhookSecretResponse) GetWebhook() *AlertWebhook {
+	if x != nil {
+		return x.Webhook
+	}
+	return nil
+}
+
+func (x *RotateAlertWebhookSecretResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
 type CreateAlertWebhookRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Default: the caller's org.
@@ -277,7 +404,7 @@ type CreateAlertWebhookRequest struct {
 
 func (x *CreateAlertWebhookRequest) Reset() {
 	*x = CreateAlertWebhookRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +416,7 @@ func (x *CreateAlertWebhookRequest) String() string {
 func (*CreateAlertWebhookRequest) ProtoMessage() {}
 
 func (x *CreateAlertWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[2]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +429,7 @@ func (x *CreateAlertWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAlertWebhookRequest.ProtoReflect.Descriptor instead.
 func (*CreateAlertWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{2}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateAlertWebhookRequest) GetOrgId() string {
@@ -337,7 +464,7 @@ type CreateAlertWebhookResponse struct {
 
 func (x *CreateAlertWebhookResponse) Reset() {
 	*x = CreateAlertWebhookResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +476,7 @@ func (x *CreateAlertWebhookResponse) String() string {
 func (*CreateAlertWebhookResponse) ProtoMessage() {}
 
 func (x *CreateAlertWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[3]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +489,7 @@ func (x *CreateAlertWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAlertWebhookResponse.ProtoReflect.Descriptor instead.
 func (*CreateAlertWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{3}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateAlertWebhookResponse) GetWebhook() *AlertWebhook {
@@ -391,7 +518,7 @@ type ListAlertWebhooksRequest struct {
 
 func (x *ListAlertWebhooksRequest) Reset() {
 	*x = ListAlertWebhooksRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -403,7 +530,7 @@ func (x *ListAlertWebhooksRequest) String() string {
 func (*ListAlertWebhooksRequest) ProtoMessage() {}
 
 func (x *ListAlertWebhooksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[4]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -416,7 +543,7 @@ func (x *ListAlertWebhooksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertWebhooksRequest.ProtoReflect.Descriptor instead.
 func (*ListAlertWebhooksRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{4}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListAlertWebhooksRequest) GetOrgId() string {
@@ -450,7 +577,7 @@ type ListAlertWebhooksResponse struct {
 
 func (x *ListAlertWebhooksResponse) Reset() {
 	*x = ListAlertWebhooksResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -462,7 +589,7 @@ func (x *ListAlertWebhooksResponse) String() string {
 func (*ListAlertWebhooksResponse) ProtoMessage() {}
 
 func (x *ListAlertWebhooksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[5]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -475,7 +602,7 @@ func (x *ListAlertWebhooksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertWebhooksResponse.ProtoReflect.Descriptor instead.
 func (*ListAlertWebhooksResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{5}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListAlertWebhooksResponse) GetWebhooks() []*AlertWebhook {
@@ -501,7 +628,7 @@ type DeleteAlertWebhookRequest struct {
 
 func (x *DeleteAlertWebhookRequest) Reset() {
 	*x = DeleteAlertWebhookRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +640,7 @@ func (x *DeleteAlertWebhookRequest) String() string {
 func (*DeleteAlertWebhookRequest) ProtoMessage() {}
 
 func (x *DeleteAlertWebhookRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[6]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +653,7 @@ func (x *DeleteAlertWebhookRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAlertWebhookRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAlertWebhookRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{6}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteAlertWebhookRequest) GetId() string {
@@ -544,7 +671,7 @@ type DeleteAlertWebhookResponse struct {
 
 func (x *DeleteAlertWebhookResponse) Reset() {
 	*x = DeleteAlertWebhookResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +683,7 @@ func (x *DeleteAlertWebhookResponse) String() string {
 func (*DeleteAlertWebhookResponse) ProtoMessage() {}
 
 func (x *DeleteAlertWebhookResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[7]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +696,7 @@ func (x *DeleteAlertWebhookResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAlertWebhookResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAlertWebhookResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{7}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{9}
 }
 
 // AlertDelivery is one alert to one webhook.
@@ -595,7 +722,7 @@ type AlertDelivery struct {
 
 func (x *AlertDelivery) Reset() {
 	*x = AlertDelivery{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +734,7 @@ func (x *AlertDelivery) String() string {
 func (*AlertDelivery) ProtoMessage() {}
 
 func (x *AlertDelivery) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[8]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +747,7 @@ func (x *AlertDelivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AlertDelivery.ProtoReflect.Descriptor instead.
 func (*AlertDelivery) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{8}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AlertDelivery) GetDeliveryId() string {
@@ -707,7 +834,7 @@ type ListAlertDeliveriesRequest struct {
 
 func (x *ListAlertDeliveriesRequest) Reset() {
 	*x = ListAlertDeliveriesRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +846,7 @@ func (x *ListAlertDeliveriesRequest) String() string {
 func (*ListAlertDeliveriesRequest) ProtoMessage() {}
 
 func (x *ListAlertDeliveriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[9]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +859,7 @@ func (x *ListAlertDeliveriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertDeliveriesRequest.ProtoReflect.Descriptor instead.
 func (*ListAlertDeliveriesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{9}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListAlertDeliveriesRequest) GetOrgId() string {
@@ -781,7 +908,7 @@ type ListAlertDeliveriesResponse struct {
 
 func (x *ListAlertDeliveriesResponse) Reset() {
 	*x = ListAlertDeliveriesResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +920,7 @@ func (x *ListAlertDeliveriesResponse) String() string {
 func (*ListAlertDeliveriesResponse) ProtoMessage() {}
 
 func (x *ListAlertDeliveriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[10]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +933,7 @@ func (x *ListAlertDeliveriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertDeliveriesResponse.ProtoReflect.Descriptor instead.
 func (*ListAlertDeliveriesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{10}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListAlertDeliveriesResponse) GetDeliveries() []*AlertDelivery {
@@ -832,7 +959,7 @@ type RetryAlertDeliveryRequest struct {
 
 func (x *RetryAlertDeliveryRequest) Reset() {
 	*x = RetryAlertDeliveryRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -844,7 +971,7 @@ func (x *RetryAlertDeliveryRequest) String() string {
 func (*RetryAlertDeliveryRequest) ProtoMessage() {}
 
 func (x *RetryAlertDeliveryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[11]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -857,7 +984,7 @@ func (x *RetryAlertDeliveryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAlertDeliveryRequest.ProtoReflect.Descriptor instead.
 func (*RetryAlertDeliveryRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{11}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RetryAlertDeliveryRequest) GetDeliveryId() string {
@@ -876,7 +1003,7 @@ type RetryAlertDeliveryResponse struct {
 
 func (x *RetryAlertDeliveryResponse) Reset() {
 	*x = RetryAlertDeliveryResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -888,7 +1015,7 @@ func (x *RetryAlertDeliveryResponse) String() string {
 func (*RetryAlertDeliveryResponse) ProtoMessage() {}
 
 func (x *RetryAlertDeliveryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[12]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -901,7 +1028,7 @@ func (x *RetryAlertDeliveryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryAlertDeliveryResponse.ProtoReflect.Descriptor instead.
 func (*RetryAlertDeliveryResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{12}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RetryAlertDeliveryResponse) GetDelivery() *AlertDelivery {
@@ -929,7 +1056,7 @@ type ListAlertsRequest struct {
 
 func (x *ListAlertsRequest) Reset() {
 	*x = ListAlertsRequest{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -941,7 +1068,7 @@ func (x *ListAlertsRequest) String() string {
 func (*ListAlertsRequest) ProtoMessage() {}
 
 func (x *ListAlertsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[13]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -954,7 +1081,7 @@ func (x *ListAlertsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertsRequest.ProtoReflect.Descriptor instead.
 func (*ListAlertsRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{13}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListAlertsRequest) GetPageSize() int32 {
@@ -1017,7 +1144,7 @@ type ListAlertsResponse struct {
 
 func (x *ListAlertsResponse) Reset() {
 	*x = ListAlertsResponse{}
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1029,7 +1156,7 @@ func (x *ListAlertsResponse) String() string {
 func (*ListAlertsResponse) ProtoMessage() {}
 
 func (x *ListAlertsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_admin_v1_alert_proto_msgTypes[14]
+	mi := &file_sluice_admin_v1_alert_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1042,7 +1169,7 @@ func (x *ListAlertsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAlertsResponse.ProtoReflect.Descriptor instead.
 func (*ListAlertsResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{14}
+	return file_sluice_admin_v1_alert_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListAlertsResponse) GetAlerts() []*Alert {
@@ -1081,7 +1208,7 @@ const file_sluice_admin_v1_alert_proto_rawDesc = "" +
 	"\fwindow_start\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\vwindowStart\x12\x16\n" +
 	"\x06region\x18\r \x01(\tR\x06region\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x0e \x01(\tR\trequestId\"\xc5\x01\n" +
+	"request_id\x18\x0e \x01(\tR\trequestId\"\xec\x02\n" +
 	"\fAlertWebhook\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x10\n" +
@@ -1090,7 +1217,15 @@ const file_sluice_admin_v1_alert_proto_rawDesc = "" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12\x1d\n" +
 	"\n" +
-	"created_by\x18\x06 \x01(\tR\tcreatedBy\"f\n" +
+	"created_by\x18\x06 \x01(\tR\tcreatedBy\x12I\n" +
+	"\x12secret_rotate_time\x18\x9a\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10secretRotateTime\x12Z\n" +
+	"\x1bprevious_secret_valid_until\x18\x9b\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x18previousSecretValidUntil\"T\n" +
+	"\x1fRotateAlertWebhookSecretRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fgrace_period\x18\x02 \x01(\tR\vgracePeriod\"s\n" +
+	" RotateAlertWebhookSecretResponse\x127\n" +
+	"\awebhook\x18\x01 \x01(\v2\x1d.sluice.admin.v1.AlertWebhookR\awebhook\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"f\n" +
 	"\x19CreateAlertWebhookRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x10\n" +
 	"\x03url\x18\x02 \x01(\tR\x03url\x12 \n" +
@@ -1155,13 +1290,14 @@ const file_sluice_admin_v1_alert_proto_rawDesc = "" +
 	"\x05since\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"l\n" +
 	"\x12ListAlertsResponse\x12.\n" +
 	"\x06alerts\x18\x01 \x03(\v2\x16.sluice.admin.v1.AlertR\x06alerts\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\x9f\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xa0\x06\n" +
 	"\fAlertService\x12Z\n" +
 	"\n" +
 	"ListAlerts\x12\".sluice.admin.v1.ListAlertsRequest\x1a#.sluice.admin.v1.ListAlertsResponse\"\x03\x90\x02\x01\x12m\n" +
 	"\x12CreateAlertWebhook\x12*.sluice.admin.v1.CreateAlertWebhookRequest\x1a+.sluice.admin.v1.CreateAlertWebhookResponse\x12o\n" +
 	"\x11ListAlertWebhooks\x12).sluice.admin.v1.ListAlertWebhooksRequest\x1a*.sluice.admin.v1.ListAlertWebhooksResponse\"\x03\x90\x02\x01\x12m\n" +
-	"\x12DeleteAlertWebhook\x12*.sluice.admin.v1.DeleteAlertWebhookRequest\x1a+.sluice.admin.v1.DeleteAlertWebhookResponse\x12u\n" +
+	"\x12DeleteAlertWebhook\x12*.sluice.admin.v1.DeleteAlertWebhookRequest\x1a+.sluice.admin.v1.DeleteAlertWebhookResponse\x12\x7f\n" +
+	"\x18RotateAlertWebhookSecret\x120.sluice.admin.v1.RotateAlertWebhookSecretRequest\x1a1.sluice.admin.v1.RotateAlertWebhookSecretResponse\x12u\n" +
 	"\x13ListAlertDeliveries\x12+.sluice.admin.v1.ListAlertDeliveriesRequest\x1a,.sluice.admin.v1.ListAlertDeliveriesResponse\"\x03\x90\x02\x01\x12m\n" +
 	"\x12RetryAlertDelivery\x12*.sluice.admin.v1.RetryAlertDeliveryRequest\x1a+.sluice.admin.v1.RetryAlertDeliveryResponseB>Z<github.com/sluicegw/sluice/proto/gen/sluice/admin/v1;adminv1b\x06proto3"
 
@@ -1177,55 +1313,62 @@ func file_sluice_admin_v1_alert_proto_rawDescGZIP() []byte {
 	return file_sluice_admin_v1_alert_proto_rawDescData
 }
 
-var file_sluice_admin_v1_alert_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_sluice_admin_v1_alert_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_sluice_admin_v1_alert_proto_goTypes = []any{
-	(*Alert)(nil),                       // 0: sluice.admin.v1.Alert
-	(*AlertWebhook)(nil),                // 1: sluice.admin.v1.AlertWebhook
-	(*CreateAlertWebhookRequest)(nil),   // 2: sluice.admin.v1.CreateAlertWebhookRequest
-	(*CreateAlertWebhookResponse)(nil),  // 3: sluice.admin.v1.CreateAlertWebhookResponse
-	(*ListAlertWebhooksRequest)(nil),    // 4: sluice.admin.v1.ListAlertWebhooksRequest
-	(*ListAlertWebhooksResponse)(nil),   // 5: sluice.admin.v1.ListAlertWebhooksResponse
-	(*DeleteAlertWebhookRequest)(nil),   // 6: sluice.admin.v1.DeleteAlertWebhookRequest
-	(*DeleteAlertWebhookResponse)(nil),  // 7: sluice.admin.v1.DeleteAlertWebhookResponse
-	(*AlertDelivery)(nil),               // 8: sluice.admin.v1.AlertDelivery
-	(*ListAlertDeliveriesRequest)(nil),  // 9: sluice.admin.v1.ListAlertDeliveriesRequest
-	(*ListAlertDeliveriesResponse)(nil), // 10: sluice.admin.v1.ListAlertDeliveriesResponse
-	(*RetryAlertDeliveryRequest)(nil),   // 11: sluice.admin.v1.RetryAlertDeliveryRequest
-	(*RetryAlertDeliveryResponse)(nil),  // 12: sluice.admin.v1.RetryAlertDeliveryResponse
-	(*ListAlertsRequest)(nil),           // 13: sluice.admin.v1.ListAlertsRequest
-	(*ListAlertsResponse)(nil),          // 14: sluice.admin.v1.ListAlertsResponse
-	(*timestamppb.Timestamp)(nil),       // 15: google.protobuf.Timestamp
+	(*Alert)(nil),                            // 0: sluice.admin.v1.Alert
+	(*AlertWebhook)(nil),                     // 1: sluice.admin.v1.AlertWebhook
+	(*RotateAlertWebhookSecretRequest)(nil),  // 2: sluice.admin.v1.RotateAlertWebhookSecretRequest
+	(*RotateAlertWebhookSecretResponse)(nil), // 3: sluice.admin.v1.RotateAlertWebhookSecretResponse
+	(*CreateAlertWebhookRequest)(nil),        // 4: sluice.admin.v1.CreateAlertWebhookRequest
+	(*CreateAlertWebhookResponse)(nil),       // 5: sluice.admin.v1.CreateAlertWebhookResponse
+	(*ListAlertWebhooksRequest)(nil),         // 6: sluice.admin.v1.ListAlertWebhooksRequest
+	(*ListAlertWebhooksResponse)(nil),        // 7: sluice.admin.v1.ListAlertWebhooksResponse
+	(*DeleteAlertWebhookRequest)(nil),        // 8: sluice.admin.v1.DeleteAlertWebhookRequest
+	(*DeleteAlertWebhookResponse)(nil),       // 9: sluice.admin.v1.DeleteAlertWebhookResponse
+	(*AlertDelivery)(nil),                    // 10: sluice.admin.v1.AlertDelivery
+	(*ListAlertDeliveriesRequest)(nil),       // 11: sluice.admin.v1.ListAlertDeliveriesRequest
+	(*ListAlertDeliveriesResponse)(nil),      // 12: sluice.admin.v1.ListAlertDeliveriesResponse
+	(*RetryAlertDeliveryRequest)(nil),        // 13: sluice.admin.v1.RetryAlertDeliveryRequest
+	(*RetryAlertDeliveryResponse)(nil),       // 14: sluice.admin.v1.RetryAlertDeliveryResponse
+	(*ListAlertsRequest)(nil),                // 15: sluice.admin.v1.ListAlertsRequest
+	(*ListAlertsResponse)(nil),               // 16: sluice.admin.v1.ListAlertsResponse
+	(*timestamppb.Timestamp)(nil),            // 17: google.protobuf.Timestamp
 }
 var file_sluice_admin_v1_alert_proto_depIdxs = []int32{
-	15, // 0: sluice.admin.v1.Alert.time:type_name -> google.protobuf.Timestamp
-	15, // 1: sluice.admin.v1.Alert.window_start:type_name -> google.protobuf.Timestamp
-	15, // 2: sluice.admin.v1.AlertWebhook.create_time:type_name -> google.protobuf.Timestamp
-	1,  // 3: sluice.admin.v1.CreateAlertWebhookResponse.webhook:type_name -> sluice.admin.v1.AlertWebhook
-	1,  // 4: sluice.admin.v1.ListAlertWebhooksResponse.webhooks:type_name -> sluice.admin.v1.AlertWebhook
-	15, // 5: sluice.admin.v1.AlertDelivery.next_attempt_time:type_name -> google.protobuf.Timestamp
-	15, // 6: sluice.admin.v1.AlertDelivery.create_time:type_name -> google.protobuf.Timestamp
-	15, // 7: sluice.admin.v1.AlertDelivery.delivered_time:type_name -> google.protobuf.Timestamp
-	8,  // 8: sluice.admin.v1.ListAlertDeliveriesResponse.deliveries:type_name -> sluice.admin.v1.AlertDelivery
-	8,  // 9: sluice.admin.v1.RetryAlertDeliveryResponse.delivery:type_name -> sluice.admin.v1.AlertDelivery
-	15, // 10: sluice.admin.v1.ListAlertsRequest.since:type_name -> google.protobuf.Timestamp
-	0,  // 11: sluice.admin.v1.ListAlertsResponse.alerts:type_name -> sluice.admin.v1.Alert
-	13, // 12: sluice.admin.v1.AlertService.ListAlerts:input_type -> sluice.admin.v1.ListAlertsRequest
-	2,  // 13: sluice.admin.v1.AlertService.CreateAlertWebhook:input_type -> sluice.admin.v1.CreateAlertWebhookRequest
-	4,  // 14: sluice.admin.v1.AlertService.ListAlertWebhooks:input_type -> sluice.admin.v1.ListAlertWebhooksRequest
-	6,  // 15: sluice.admin.v1.AlertService.DeleteAlertWebhook:input_type -> sluice.admin.v1.DeleteAlertWebhookRequest
-	9,  // 16: sluice.admin.v1.AlertService.ListAlertDeliveries:input_type -> sluice.admin.v1.ListAlertDeliveriesRequest
-	11, // 17: sluice.admin.v1.AlertService.RetryAlertDelivery:input_type -> sluice.admin.v1.RetryAlertDeliveryRequest
-	14, // 18: sluice.admin.v1.AlertService.ListAlerts:output_type -> sluice.admin.v1.ListAlertsResponse
-	3,  // 19: sluice.admin.v1.AlertService.CreateAlertWebhook:output_type -> sluice.admin.v1.CreateAlertWebhookResponse
-	5,  // 20: sluice.admin.v1.AlertService.ListAlertWebhooks:output_type -> sluice.admin.v1.ListAlertWebhooksResponse
-	7,  // 21: sluice.admin.v1.AlertService.DeleteAlertWebhook:output_type -> sluice.admin.v1.DeleteAlertWebhookResponse
-	10, // 22: sluice.admin.v1.AlertService.ListAlertDeliveries:output_type -> sluice.admin.v1.ListAlertDeliveriesResponse
-	12, // 23: sluice.admin.v1.AlertService.RetryAlertDelivery:output_type -> sluice.admin.v1.RetryAlertDeliveryResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	17, // 0: sluice.admin.v1.Alert.time:type_name -> google.protobuf.Timestamp
+	17, // 1: sluice.admin.v1.Alert.window_start:type_name -> google.protobuf.Timestamp
+	17, // 2: sluice.admin.v1.AlertWebhook.create_time:type_name -> google.protobuf.Timestamp
+	17, // 3: sluice.admin.v1.AlertWebhook.secret_rotate_time:type_name -> google.protobuf.Timestamp
+	17, // 4: sluice.admin.v1.AlertWebhook.previous_secret_valid_until:type_name -> google.protobuf.Timestamp
+	1,  // 5: sluice.admin.v1.RotateAlertWebhookSecretResponse.webhook:type_name -> sluice.admin.v1.AlertWebhook
+	1,  // 6: sluice.admin.v1.CreateAlertWebhookResponse.webhook:type_name -> sluice.admin.v1.AlertWebhook
+	1,  // 7: sluice.admin.v1.ListAlertWebhooksResponse.webhooks:type_name -> sluice.admin.v1.AlertWebhook
+	17, // 8: sluice.admin.v1.AlertDelivery.next_attempt_time:type_name -> google.protobuf.Timestamp
+	17, // 9: sluice.admin.v1.AlertDelivery.create_time:type_name -> google.protobuf.Timestamp
+	17, // 10: sluice.admin.v1.AlertDelivery.delivered_time:type_name -> google.protobuf.Timestamp
+	10, // 11: sluice.admin.v1.ListAlertDeliveriesResponse.deliveries:type_name -> sluice.admin.v1.AlertDelivery
+	10, // 12: sluice.admin.v1.RetryAlertDeliveryResponse.delivery:type_name -> sluice.admin.v1.AlertDelivery
+	17, // 13: sluice.admin.v1.ListAlertsRequest.since:type_name -> google.protobuf.Timestamp
+	0,  // 14: sluice.admin.v1.ListAlertsResponse.alerts:type_name -> sluice.admin.v1.Alert
+	15, // 15: sluice.admin.v1.AlertService.ListAlerts:input_type -> sluice.admin.v1.ListAlertsRequest
+	4,  // 16: sluice.admin.v1.AlertService.CreateAlertWebhook:input_type -> sluice.admin.v1.CreateAlertWebhookRequest
+	6,  // 17: sluice.admin.v1.AlertService.ListAlertWebhooks:input_type -> sluice.admin.v1.ListAlertWebhooksRequest
+	8,  // 18: sluice.admin.v1.AlertService.DeleteAlertWebhook:input_type -> sluice.admin.v1.DeleteAlertWebhookRequest
+	2,  // 19: sluice.admin.v1.AlertService.RotateAlertWebhookSecret:input_type -> sluice.admin.v1.RotateAlertWebhookSecretRequest
+	11, // 20: sluice.admin.v1.AlertService.ListAlertDeliveries:input_type -> sluice.admin.v1.ListAlertDeliveriesRequest
+	13, // 21: sluice.admin.v1.AlertService.RetryAlertDelivery:input_type -> sluice.admin.v1.RetryAlertDeliveryRequest
+	16, // 22: sluice.admin.v1.AlertService.ListAlerts:output_type -> sluice.admin.v1.ListAlertsResponse
+	5,  // 23: sluice.admin.v1.AlertService.CreateAlertWebhook:output_type -> sluice.admin.v1.CreateAlertWebhookResponse
+	7,  // 24: sluice.admin.v1.AlertService.ListAlertWebhooks:output_type -> sluice.admin.v1.ListAlertWebhooksResponse
+	9,  // 25: sluice.admin.v1.AlertService.DeleteAlertWebhook:output_type -> sluice.admin.v1.DeleteAlertWebhookResponse
+	3,  // 26: sluice.admin.v1.AlertService.RotateAlertWebhookSecret:output_type -> sluice.admin.v1.RotateAlertWebhookSecretResponse
+	12, // 27: sluice.admin.v1.AlertService.ListAlertDeliveries:output_type -> sluice.admin.v1.ListAlertDeliveriesResponse
+	14, // 28: sluice.admin.v1.AlertService.RetryAlertDelivery:output_type -> sluice.admin.v1.RetryAlertDeliveryResponse
+	22, // [22:29] is the sub-list for method output_type
+	15, // [15:22] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_sluice_admin_v1_alert_proto_init() }
@@ -1239,7 +1382,7 @@ func file_sluice_admin_v1_alert_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_admin_v1_alert_proto_rawDesc), len(file_sluice_admin_v1_alert_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1383,8 +1383,10 @@ type Snapshot struct {
 	ModelGroups    []*ModelGroup    `protobuf:"bytes,20,rep,name=model_groups,json=modelGroups,proto3" json:"model_groups,omitempty"`
 	Deployments    []*Deployment    `protobuf:"bytes,21,rep,name=deployments,proto3" json:"deployments,omitempty"`
 	TrustedIssuers []*TrustedIssuer `protobuf:"bytes,70,rep,name=trusted_issuers,json=trustedIssuers,proto3" json:"trusted_issuers,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Project and tag scopes of every org (admin LabelScope).
+	LabelScopes   []*LabelScope `protobuf:"bytes,410,rep,name=label_scopes,json=labelScopes,proto3" json:"label_scopes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1508,6 +1510,93 @@ func (x *Snapshot) GetTrustedIssuers() []*TrustedIssuer {
 	return nil
 }
 
+func (x *Snapshot) GetLabelScopes() []*LabelScope {
+	if x != nil {
+		return x.LabelScopes
+	}
+	return nil
+}
+
+// LabelScope is a project or a tag of an org with its own limits: every
+// request of a key whose project is name (kind "project") or whose tags
+// include name (kind "tag") is limited by it.
+type LabelScope struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	OrgId string                 `protobuf:"bytes,2,opt,name=org_id,json=orgId,proto3" json:"org_id,omitempty"`
+	// "project" or "tag".
+	Kind          string  `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name          string  `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
+	Limits        *Limits `protobuf:"bytes,5,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LabelScope) Reset() {
+	*x = LabelScope{}
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LabelScope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LabelScope) ProtoMessage() {}
+
+func (x *LabelScope) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LabelScope.ProtoReflect.Descriptor instead.
+func (*LabelScope) Descriptor() ([]byte, []int) {
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LabelScope) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *LabelScope) GetOrgId() string {
+	if x != nil {
+		return x.OrgId
+	}
+	return ""
+}
+
+func (x *LabelScope) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *LabelScope) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LabelScope) GetLimits() *Limits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
 // TrustedIssuer is an OIDC/JWT issuer an org trusts on the data plane:
 // its tokens are verified locally against the issuer's JWKS and mapped to
 // the org's teams and users through claims (dot paths for nested claims).
@@ -1533,7 +1622,7 @@ type TrustedIssuer struct {
 
 func (x *TrustedIssuer) Reset() {
 	*x = TrustedIssuer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1634,7 @@ func (x *TrustedIssuer) String() string {
 func (*TrustedIssuer) ProtoMessage() {}
 
 func (x *TrustedIssuer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[16]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1647,7 @@ func (x *TrustedIssuer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TrustedIssuer.ProtoReflect.Descriptor instead.
 func (*TrustedIssuer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{16}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *TrustedIssuer) GetId() string {
@@ -1657,7 +1746,7 @@ type BudgetSeed struct {
 
 func (x *BudgetSeed) Reset() {
 	*x = BudgetSeed{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1758,7 @@ func (x *BudgetSeed) String() string {
 func (*BudgetSeed) ProtoMessage() {}
 
 func (x *BudgetSeed) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[17]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1771,7 @@ func (x *BudgetSeed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BudgetSeed.ProtoReflect.Descriptor instead.
 func (*BudgetSeed) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{17}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BudgetSeed) GetOrgId() string {
@@ -1751,7 +1840,7 @@ type ModelGroup struct {
 
 func (x *ModelGroup) Reset() {
 	*x = ModelGroup{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1852,7 @@ func (x *ModelGroup) String() string {
 func (*ModelGroup) ProtoMessage() {}
 
 func (x *ModelGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[18]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1865,7 @@ func (x *ModelGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroup.ProtoReflect.Descriptor instead.
 func (*ModelGroup) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{18}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ModelGroup) GetName() string {
@@ -1846,7 +1935,7 @@ type ModelGroupRouting struct {
 
 func (x *ModelGroupRouting) Reset() {
 	*x = ModelGroupRouting{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1858,7 +1947,7 @@ func (x *ModelGroupRouting) String() string {
 func (*ModelGroupRouting) ProtoMessage() {}
 
 func (x *ModelGroupRouting) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[19]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1871,7 +1960,7 @@ func (x *ModelGroupRouting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroupRouting.ProtoReflect.Descriptor instead.
 func (*ModelGroupRouting) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{19}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ModelGroupRouting) GetStrategy() string {
@@ -1905,7 +1994,7 @@ type ModelGroupFallbacks struct {
 
 func (x *ModelGroupFallbacks) Reset() {
 	*x = ModelGroupFallbacks{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1917,7 +2006,7 @@ func (x *ModelGroupFallbacks) String() string {
 func (*ModelGroupFallbacks) ProtoMessage() {}
 
 func (x *ModelGroupFallbacks) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[20]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1930,7 +2019,7 @@ func (x *ModelGroupFallbacks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroupFallbacks.ProtoReflect.Descriptor instead.
 func (*ModelGroupFallbacks) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{20}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ModelGroupFallbacks) GetModelGroups() []string {
@@ -1955,7 +2044,7 @@ type ModelGroupResilience struct {
 
 func (x *ModelGroupResilience) Reset() {
 	*x = ModelGroupResilience{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2056,7 @@ func (x *ModelGroupResilience) String() string {
 func (*ModelGroupResilience) ProtoMessage() {}
 
 func (x *ModelGroupResilience) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[21]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2069,7 @@ func (x *ModelGroupResilience) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelGroupResilience.ProtoReflect.Descriptor instead.
 func (*ModelGroupResilience) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{21}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ModelGroupResilience) GetTtftTimeoutMs() int64 {
@@ -2033,7 +2122,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2134,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[22]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2147,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{22}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Capabilities) GetTools() bool {
@@ -2114,7 +2203,7 @@ type Prices struct {
 
 func (x *Prices) Reset() {
 	*x = Prices{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2126,7 +2215,7 @@ func (x *Prices) String() string {
 func (*Prices) ProtoMessage() {}
 
 func (x *Prices) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[23]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2139,7 +2228,7 @@ func (x *Prices) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prices.ProtoReflect.Descriptor instead.
 func (*Prices) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{23}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Prices) GetInputPerToken() float64 {
@@ -2187,7 +2276,7 @@ type Deployment struct {
 
 func (x *Deployment) Reset() {
 	*x = Deployment{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2199,7 +2288,7 @@ func (x *Deployment) String() string {
 func (*Deployment) ProtoMessage() {}
 
 func (x *Deployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[24]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2212,7 +2301,7 @@ func (x *Deployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Deployment.ProtoReflect.Descriptor instead.
 func (*Deployment) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{24}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Deployment) GetId() string {
@@ -2310,7 +2399,7 @@ type MemberRef struct {
 
 func (x *MemberRef) Reset() {
 	*x = MemberRef{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2411,7 @@ func (x *MemberRef) String() string {
 func (*MemberRef) ProtoMessage() {}
 
 func (x *MemberRef) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[25]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2424,7 @@ func (x *MemberRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberRef.ProtoReflect.Descriptor instead.
 func (*MemberRef) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{25}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *MemberRef) GetTeamId() string {
@@ -2365,7 +2454,7 @@ type BlockChange struct {
 
 func (x *BlockChange) Reset() {
 	*x = BlockChange{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2377,7 +2466,7 @@ func (x *BlockChange) String() string {
 func (*BlockChange) ProtoMessage() {}
 
 func (x *BlockChange) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[26]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2390,7 +2479,7 @@ func (x *BlockChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockChange.ProtoReflect.Descriptor instead.
 func (*BlockChange) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{26}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BlockChange) GetObjectType() string {
@@ -2448,6 +2537,8 @@ type Event struct {
 	//	*Event_DeploymentDeleted
 	//	*Event_TrustedIssuer
 	//	*Event_TrustedIssuerDeleted
+	//	*Event_LabelScope
+	//	*Event_LabelScopeDeleted
 	Change        isEvent_Change `protobuf_oneof:"change"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2455,7 +2546,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2558,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[27]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2571,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{27}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Event) GetSeq() uint64 {
@@ -2689,6 +2780,24 @@ func (x *Event) GetTrustedIssuerDeleted() string {
 	return ""
 }
 
+func (x *Event) GetLabelScope() *LabelScope {
+	if x != nil {
+		if x, ok := x.Change.(*Event_LabelScope); ok {
+			return x.LabelScope
+		}
+	}
+	return nil
+}
+
+func (x *Event) GetLabelScopeDeleted() string {
+	if x != nil {
+		if x, ok := x.Change.(*Event_LabelScopeDeleted); ok {
+			return x.LabelScopeDeleted
+		}
+	}
+	return ""
+}
+
 type isEvent_Change interface {
 	isEvent_Change()
 }
@@ -2769,6 +2878,14 @@ type Event_TrustedIssuerDeleted struct {
 	TrustedIssuerDeleted string `protobuf:"bytes,71,opt,name=trusted_issuer_deleted,json=trustedIssuerDeleted,proto3,oneof"`
 }
 
+type Event_LabelScope struct {
+	LabelScope *LabelScope `protobuf:"bytes,410,opt,name=label_scope,json=labelScope,proto3,oneof"`
+}
+
+type Event_LabelScopeDeleted struct {
+	LabelScopeDeleted string `protobuf:"bytes,411,opt,name=label_scope_deleted,json=labelScopeDeleted,proto3,oneof"`
+}
+
 func (*Event_Org) isEvent_Change() {}
 
 func (*Event_OrgDeleted) isEvent_Change() {}
@@ -2807,6 +2924,10 @@ func (*Event_TrustedIssuer) isEvent_Change() {}
 
 func (*Event_TrustedIssuerDeleted) isEvent_Change() {}
 
+func (*Event_LabelScope) isEvent_Change() {}
+
+func (*Event_LabelScopeDeleted) isEvent_Change() {}
+
 // RegionEvent is an Event as delivered to one region: region_seq is
 // contiguous per region, so a data plane detects gaps.
 type RegionEvent struct {
@@ -2820,7 +2941,7 @@ type RegionEvent struct {
 
 func (x *RegionEvent) Reset() {
 	*x = RegionEvent{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2832,7 +2953,7 @@ func (x *RegionEvent) String() string {
 func (*RegionEvent) ProtoMessage() {}
 
 func (x *RegionEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[28]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2845,7 +2966,7 @@ func (x *RegionEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegionEvent.ProtoReflect.Descriptor instead.
 func (*RegionEvent) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{28}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RegionEvent) GetRegion() string {
@@ -2891,7 +3012,7 @@ type SnapshotPointer struct {
 
 func (x *SnapshotPointer) Reset() {
 	*x = SnapshotPointer{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3024,7 @@ func (x *SnapshotPointer) String() string {
 func (*SnapshotPointer) ProtoMessage() {}
 
 func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[29]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3037,7 @@ func (x *SnapshotPointer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotPointer.ProtoReflect.Descriptor instead.
 func (*SnapshotPointer) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{29}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SnapshotPointer) GetVersion() uint64 {
@@ -2972,7 +3093,7 @@ type Tick struct {
 
 func (x *Tick) Reset() {
 	*x = Tick{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2984,7 +3105,7 @@ func (x *Tick) String() string {
 func (*Tick) ProtoMessage() {}
 
 func (x *Tick) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[30]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2997,7 +3118,7 @@ func (x *Tick) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tick.ProtoReflect.Descriptor instead.
 func (*Tick) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{30}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Tick) GetAt() *timestamppb.Timestamp {
@@ -3026,7 +3147,7 @@ type RejectedSnapshot struct {
 
 func (x *RejectedSnapshot) Reset() {
 	*x = RejectedSnapshot{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3038,7 +3159,7 @@ func (x *RejectedSnapshot) String() string {
 func (*RejectedSnapshot) ProtoMessage() {}
 
 func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[31]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3051,7 +3172,7 @@ func (x *RejectedSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RejectedSnapshot.ProtoReflect.Descriptor instead.
 func (*RejectedSnapshot) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{31}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RejectedSnapshot) GetVersion() uint64 {
@@ -3109,7 +3230,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3121,7 +3242,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[32]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3134,7 +3255,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{32}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Heartbeat) GetInstanceId() string {
@@ -3246,7 +3367,7 @@ type AdmissionBacklog struct {
 
 func (x *AdmissionBacklog) Reset() {
 	*x = AdmissionBacklog{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3258,7 +3379,7 @@ func (x *AdmissionBacklog) String() string {
 func (*AdmissionBacklog) ProtoMessage() {}
 
 func (x *AdmissionBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[33]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3271,7 +3392,7 @@ func (x *AdmissionBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmissionBacklog.ProtoReflect.Descriptor instead.
 func (*AdmissionBacklog) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{33}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AdmissionBacklog) GetTrafficClass() string {
@@ -3318,7 +3439,7 @@ type EjectedDeployment struct {
 
 func (x *EjectedDeployment) Reset() {
 	*x = EjectedDeployment{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3330,7 +3451,7 @@ func (x *EjectedDeployment) String() string {
 func (*EjectedDeployment) ProtoMessage() {}
 
 func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[34]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3343,7 +3464,7 @@ func (x *EjectedDeployment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EjectedDeployment.ProtoReflect.Descriptor instead.
 func (*EjectedDeployment) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{34}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EjectedDeployment) GetDeploymentId() string {
@@ -3395,7 +3516,7 @@ type Rejecting struct {
 
 func (x *Rejecting) Reset() {
 	*x = Rejecting{}
-	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3407,7 +3528,7 @@ func (x *Rejecting) String() string {
 func (*Rejecting) ProtoMessage() {}
 
 func (x *Rejecting) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_config_v1_config_proto_msgTypes[35]
+	mi := &file_sluice_config_v1_config_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3420,7 +3541,7 @@ func (x *Rejecting) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rejecting.ProtoReflect.Descriptor instead.
 func (*Rejecting) Descriptor() ([]byte, []int) {
-	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{35}
+	return file_sluice_config_v1_config_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Rejecting) GetVersion() uint64 {
@@ -3601,7 +3722,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1ac\n" +
 	"\x0eFallbacksEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12;\n" +
-	"\x05value\x18\x02 \x01(\v2%.sluice.config.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\xa4\x05\n" +
+	"\x05value\x18\x02 \x01(\v2%.sluice.config.v1.ModelGroupFallbacksR\x05value:\x028\x01\"\xe6\x05\n" +
 	"\bSnapshot\x12%\n" +
 	"\x0eschema_version\x18\x01 \x01(\rR\rschemaVersion\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x04R\aversion\x129\n" +
@@ -3618,7 +3739,15 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x04keys\x18\x0f \x03(\v2\x15.sluice.config.v1.KeyR\x04keys\x12?\n" +
 	"\fmodel_groups\x18\x14 \x03(\v2\x1c.sluice.config.v1.ModelGroupR\vmodelGroups\x12>\n" +
 	"\vdeployments\x18\x15 \x03(\v2\x1c.sluice.config.v1.DeploymentR\vdeployments\x12H\n" +
-	"\x0ftrusted_issuers\x18F \x03(\v2\x1f.sluice.config.v1.TrustedIssuerR\x0etrustedIssuersJ\x04\b(\x10)R\fbudget_seeds\"\xe2\x02\n" +
+	"\x0ftrusted_issuers\x18F \x03(\v2\x1f.sluice.config.v1.TrustedIssuerR\x0etrustedIssuers\x12@\n" +
+	"\flabel_scopes\x18\x9a\x03 \x03(\v2\x1c.sluice.config.v1.LabelScopeR\vlabelScopesJ\x04\b(\x10)R\fbudget_seeds\"\x8d\x01\n" +
+	"\n" +
+	"LabelScope\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
+	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\x120\n" +
+	"\x06limits\x18\x05 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\"\xe2\x02\n" +
 	"\rTrustedIssuer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x16\n" +
@@ -3699,7 +3828,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\vobject_type\x18\x01 \x01(\tR\n" +
 	"objectType\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x18\n" +
-	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xbf\b\n" +
+	"\ablocked\x18\x03 \x01(\bR\ablocked\"\xb4\t\n" +
 	"\x05Event\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12*\n" +
 	"\x02at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x12\n" +
@@ -3729,7 +3858,10 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"deployment\x12/\n" +
 	"\x12deployment_deleted\x18\x1a \x01(\tH\x00R\x11deploymentDeleted\x12H\n" +
 	"\x0etrusted_issuer\x18F \x01(\v2\x1f.sluice.config.v1.TrustedIssuerH\x00R\rtrustedIssuer\x126\n" +
-	"\x16trusted_issuer_deleted\x18G \x01(\tH\x00R\x14trustedIssuerDeletedB\b\n" +
+	"\x16trusted_issuer_deleted\x18G \x01(\tH\x00R\x14trustedIssuerDeleted\x12@\n" +
+	"\vlabel_scope\x18\x9a\x03 \x01(\v2\x1c.sluice.config.v1.LabelScopeH\x00R\n" +
+	"labelScope\x121\n" +
+	"\x13label_scope_deleted\x18\x9b\x03 \x01(\tH\x00R\x11labelScopeDeletedB\b\n" +
 	"\x06change\"s\n" +
 	"\vRegionEvent\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1d\n" +
@@ -3811,7 +3943,7 @@ func file_sluice_config_v1_config_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_config_v1_config_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
+var file_sluice_config_v1_config_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_sluice_config_v1_config_proto_goTypes = []any{
 	(TrafficClass)(0),             // 0: sluice.config.v1.TrafficClass
 	(UnknownIdentityPolicy)(0),    // 1: sluice.config.v1.UnknownIdentityPolicy
@@ -3831,39 +3963,40 @@ var file_sluice_config_v1_config_proto_goTypes = []any{
 	(*OldHash)(nil),               // 15: sluice.config.v1.OldHash
 	(*Key)(nil),                   // 16: sluice.config.v1.Key
 	(*Snapshot)(nil),              // 17: sluice.config.v1.Snapshot
-	(*TrustedIssuer)(nil),         // 18: sluice.config.v1.TrustedIssuer
-	(*BudgetSeed)(nil),            // 19: sluice.config.v1.BudgetSeed
-	(*ModelGroup)(nil),            // 20: sluice.config.v1.ModelGroup
-	(*ModelGroupRouting)(nil),     // 21: sluice.config.v1.ModelGroupRouting
-	(*ModelGroupFallbacks)(nil),   // 22: sluice.config.v1.ModelGroupFallbacks
-	(*ModelGroupResilience)(nil),  // 23: sluice.config.v1.ModelGroupResilience
-	(*Capabilities)(nil),          // 24: sluice.config.v1.Capabilities
-	(*Prices)(nil),                // 25: sluice.config.v1.Prices
-	(*Deployment)(nil),            // 26: sluice.config.v1.Deployment
-	(*MemberRef)(nil),             // 27: sluice.config.v1.MemberRef
-	(*BlockChange)(nil),           // 28: sluice.config.v1.BlockChange
-	(*Event)(nil),                 // 29: sluice.config.v1.Event
-	(*RegionEvent)(nil),           // 30: sluice.config.v1.RegionEvent
-	(*SnapshotPointer)(nil),       // 31: sluice.config.v1.SnapshotPointer
-	(*Tick)(nil),                  // 32: sluice.config.v1.Tick
-	(*RejectedSnapshot)(nil),      // 33: sluice.config.v1.RejectedSnapshot
-	(*Heartbeat)(nil),             // 34: sluice.config.v1.Heartbeat
-	(*AdmissionBacklog)(nil),      // 35: sluice.config.v1.AdmissionBacklog
-	(*EjectedDeployment)(nil),     // 36: sluice.config.v1.EjectedDeployment
-	(*Rejecting)(nil),             // 37: sluice.config.v1.Rejecting
-	nil,                           // 38: sluice.config.v1.Limits.ModelMaxBudgetEntry
-	nil,                           // 39: sluice.config.v1.Limits.ModelRpmLimitEntry
-	nil,                           // 40: sluice.config.v1.Limits.ModelTpmLimitEntry
-	nil,                           // 41: sluice.config.v1.Team.ModelGroupAliasesEntry
-	nil,                           // 42: sluice.config.v1.Team.FallbacksEntry
-	nil,                           // 43: sluice.config.v1.Key.ModelGroupAliasesEntry
-	nil,                           // 44: sluice.config.v1.Key.FallbacksEntry
-	(*timestamppb.Timestamp)(nil), // 45: google.protobuf.Timestamp
+	(*LabelScope)(nil),            // 18: sluice.config.v1.LabelScope
+	(*TrustedIssuer)(nil),         // 19: sluice.config.v1.TrustedIssuer
+	(*BudgetSeed)(nil),            // 20: sluice.config.v1.BudgetSeed
+	(*ModelGroup)(nil),            // 21: sluice.config.v1.ModelGroup
+	(*ModelGroupRouting)(nil),     // 22: sluice.config.v1.ModelGroupRouting
+	(*ModelGroupFallbacks)(nil),   // 23: sluice.config.v1.ModelGroupFallbacks
+	(*ModelGroupResilience)(nil),  // 24: sluice.config.v1.ModelGroupResilience
+	(*Capabilities)(nil),          // 25: sluice.config.v1.Capabilities
+	(*Prices)(nil),                // 26: sluice.config.v1.Prices
+	(*Deployment)(nil),            // 27: sluice.config.v1.Deployment
+	(*MemberRef)(nil),             // 28: sluice.config.v1.MemberRef
+	(*BlockChange)(nil),           // 29: sluice.config.v1.BlockChange
+	(*Event)(nil),                 // 30: sluice.config.v1.Event
+	(*RegionEvent)(nil),           // 31: sluice.config.v1.RegionEvent
+	(*SnapshotPointer)(nil),       // 32: sluice.config.v1.SnapshotPointer
+	(*Tick)(nil),                  // 33: sluice.config.v1.Tick
+	(*RejectedSnapshot)(nil),      // 34: sluice.config.v1.RejectedSnapshot
+	(*Heartbeat)(nil),             // 35: sluice.config.v1.Heartbeat
+	(*AdmissionBacklog)(nil),      // 36: sluice.config.v1.AdmissionBacklog
+	(*EjectedDeployment)(nil),     // 37: sluice.config.v1.EjectedDeployment
+	(*Rejecting)(nil),             // 38: sluice.config.v1.Rejecting
+	nil,                           // 39: sluice.config.v1.Limits.ModelMaxBudgetEntry
+	nil,                           // 40: sluice.config.v1.Limits.ModelRpmLimitEntry
+	nil,                           // 41: sluice.config.v1.Limits.ModelTpmLimitEntry
+	nil,                           // 42: sluice.config.v1.Team.ModelGroupAliasesEntry
+	nil,                           // 43: sluice.config.v1.Team.FallbacksEntry
+	nil,                           // 44: sluice.config.v1.Key.ModelGroupAliasesEntry
+	nil,                           // 45: sluice.config.v1.Key.FallbacksEntry
+	(*timestamppb.Timestamp)(nil), // 46: google.protobuf.Timestamp
 }
 var file_sluice_config_v1_config_proto_depIdxs = []int32{
-	38, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
-	39, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
-	40, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
+	39, // 0: sluice.config.v1.Limits.model_max_budget:type_name -> sluice.config.v1.Limits.ModelMaxBudgetEntry
+	40, // 1: sluice.config.v1.Limits.model_rpm_limit:type_name -> sluice.config.v1.Limits.ModelRpmLimitEntry
+	41, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
 	2,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
 	4,  // 4: sluice.config.v1.Org.traffic:type_name -> sluice.config.v1.OrgTraffic
 	0,  // 5: sluice.config.v1.OrgTraffic.default_class:type_name -> sluice.config.v1.TrafficClass
@@ -3876,64 +4009,67 @@ var file_sluice_config_v1_config_proto_depIdxs = []int32{
 	7,  // 12: sluice.config.v1.ModelGroupTraffic.queues:type_name -> sluice.config.v1.ClassQueue
 	2,  // 13: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
 	0,  // 14: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	41, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
-	42, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
+	42, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	43, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
 	2,  // 17: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
 	2,  // 18: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
 	2,  // 19: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	45, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	45, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	46, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	46, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
 	0,  // 22: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	43, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	44, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
 	2,  // 24: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
 	15, // 25: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	44, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
-	45, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	45, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
+	46, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
 	3,  // 28: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
 	11, // 29: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
 	12, // 30: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
 	13, // 31: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
 	14, // 32: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
 	16, // 33: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
-	20, // 34: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
-	26, // 35: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
-	18, // 36: sluice.config.v1.Snapshot.trusted_issuers:type_name -> sluice.config.v1.TrustedIssuer
-	1,  // 37: sluice.config.v1.TrustedIssuer.unknown_policy:type_name -> sluice.config.v1.UnknownIdentityPolicy
-	10, // 38: sluice.config.v1.ModelGroup.traffic:type_name -> sluice.config.v1.ModelGroupTraffic
-	21, // 39: sluice.config.v1.ModelGroup.routing:type_name -> sluice.config.v1.ModelGroupRouting
-	23, // 40: sluice.config.v1.ModelGroup.resilience:type_name -> sluice.config.v1.ModelGroupResilience
-	24, // 41: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
-	25, // 42: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
-	9,  // 43: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
-	45, // 44: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
-	3,  // 45: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
-	11, // 46: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
-	12, // 47: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
-	13, // 48: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
-	27, // 49: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
-	14, // 50: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
-	16, // 51: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
-	28, // 52: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
-	20, // 53: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
-	26, // 54: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
-	18, // 55: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
-	29, // 56: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	45, // 57: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	45, // 58: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	45, // 59: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
-	33, // 60: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	37, // 61: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
-	36, // 62: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
-	35, // 63: sluice.config.v1.Heartbeat.admission_backlog:type_name -> sluice.config.v1.AdmissionBacklog
-	45, // 64: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
-	45, // 65: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
-	22, // 66: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	22, // 67: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	68, // [68:68] is the sub-list for method output_type
-	68, // [68:68] is the sub-list for method input_type
-	68, // [68:68] is the sub-list for extension type_name
-	68, // [68:68] is the sub-list for extension extendee
-	0,  // [0:68] is the sub-list for field type_name
+	21, // 34: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
+	27, // 35: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
+	19, // 36: sluice.config.v1.Snapshot.trusted_issuers:type_name -> sluice.config.v1.TrustedIssuer
+	18, // 37: sluice.config.v1.Snapshot.label_scopes:type_name -> sluice.config.v1.LabelScope
+	2,  // 38: sluice.config.v1.LabelScope.limits:type_name -> sluice.config.v1.Limits
+	1,  // 39: sluice.config.v1.TrustedIssuer.unknown_policy:type_name -> sluice.config.v1.UnknownIdentityPolicy
+	10, // 40: sluice.config.v1.ModelGroup.traffic:type_name -> sluice.config.v1.ModelGroupTraffic
+	22, // 41: sluice.config.v1.ModelGroup.routing:type_name -> sluice.config.v1.ModelGroupRouting
+	24, // 42: sluice.config.v1.ModelGroup.resilience:type_name -> sluice.config.v1.ModelGroupResilience
+	25, // 43: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
+	26, // 44: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
+	9,  // 45: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
+	46, // 46: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	3,  // 47: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
+	11, // 48: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
+	12, // 49: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
+	13, // 50: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
+	28, // 51: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
+	14, // 52: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
+	16, // 53: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
+	29, // 54: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
+	21, // 55: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
+	27, // 56: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
+	19, // 57: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
+	18, // 58: sluice.config.v1.Event.label_scope:type_name -> sluice.config.v1.LabelScope
+	30, // 59: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
+	46, // 60: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	46, // 61: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	46, // 62: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	34, // 63: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
+	38, // 64: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
+	37, // 65: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
+	36, // 66: sluice.config.v1.Heartbeat.admission_backlog:type_name -> sluice.config.v1.AdmissionBacklog
+	46, // 67: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	46, // 68: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	23, // 69: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	23, // 70: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	71, // [71:71] is the sub-list for method output_type
+	71, // [71:71] is the sub-list for method input_type
+	71, // [71:71] is the sub-list for extension type_name
+	71, // [71:71] is the sub-list for extension extendee
+	0,  // [0:71] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }
@@ -3944,7 +4080,7 @@ func file_sluice_config_v1_config_proto_init() {
 	file_sluice_config_v1_config_proto_msgTypes[0].OneofWrappers = []any{}
 	file_sluice_config_v1_config_proto_msgTypes[6].OneofWrappers = []any{}
 	file_sluice_config_v1_config_proto_msgTypes[11].OneofWrappers = []any{}
-	file_sluice_config_v1_config_proto_msgTypes[27].OneofWrappers = []any{
+	file_sluice_config_v1_config_proto_msgTypes[28].OneofWrappers = []any{
 		(*Event_Org)(nil),
 		(*Event_OrgDeleted)(nil),
 		(*Event_Team)(nil),
@@ -3964,6 +4100,8 @@ func file_sluice_config_v1_config_proto_init() {
 		(*Event_DeploymentDeleted)(nil),
 		(*Event_TrustedIssuer)(nil),
 		(*Event_TrustedIssuerDeleted)(nil),
+		(*Event_LabelScope)(nil),
+		(*Event_LabelScopeDeleted)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3971,7 +4109,7 @@ func file_sluice_config_v1_config_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_config_v1_config_proto_rawDesc), len(file_sluice_config_v1_config_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   43,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -44,6 +44,9 @@ const (
 	// AlertServiceDeleteAlertWebhookProcedure is the fully-qualified name of the AlertService's
 	// DeleteAlertWebhook RPC.
 	AlertServiceDeleteAlertWebhookProcedure = "/sluice.admin.v1.AlertService/DeleteAlertWebhook"
+	// AlertServiceRotateAlertWebhookSecretProcedure is the fully-qualified name of the AlertService's
+	// RotateAlertWebhookSecret RPC.
+	AlertServiceRotateAlertWebhookSecretProcedure = "/sluice.admin.v1.AlertService/RotateAlertWebhookSecret"
 	// AlertServiceListAlertDeliveriesProcedure is the fully-qualified name of the AlertService's
 	// ListAlertDeliveries RPC.
 	AlertServiceListAlertDeliveriesProcedure = "/sluice.admin.v1.AlertService/ListAlertDeliveries"
@@ -63,6 +66,12 @@ type AlertServiceClient interface {
 	// DeleteAlertWebhook removes an endpoint; its pending deliveries are
 	// dropped with it.
 	DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error)
+	// RotateAlertWebhookSecret gives an endpoint a new signing secret,
+	// returned once. With a grace period every request is signed with both
+	// the new and the previous secret until it ends, so the receiver can
+	// switch secrets at any moment in between (docs/alerts.md, "Rotating
+	// the secret").
+	RotateAlertWebhookSecret(context.Context, *connect.Request[v1.RotateAlertWebhookSecretRequest]) (*connect.Response[v1.RotateAlertWebhookSecretResponse], error)
 	// ListAlertDeliveries shows delivery state: pending (with attempts and
 	// the next attempt), delivered, or dead (the dead-letter list: every
 	// attempt failed).
@@ -109,6 +118,12 @@ func NewAlertServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(alertServiceMethods.ByName("DeleteAlertWebhook")),
 			connect.WithClientOptions(opts...),
 		),
+		rotateAlertWebhookSecret: connect.NewClient[v1.RotateAlertWebhookSecretRequest, v1.RotateAlertWebhookSecretResponse](
+			httpClient,
+			baseURL+AlertServiceRotateAlertWebhookSecretProcedure,
+			connect.WithSchema(alertServiceMethods.ByName("RotateAlertWebhookSecret")),
+			connect.WithClientOptions(opts...),
+		),
 		listAlertDeliveries: connect.NewClient[v1.ListAlertDeliveriesRequest, v1.ListAlertDeliveriesResponse](
 			httpClient,
 			baseURL+AlertServiceListAlertDeliveriesProcedure,
@@ -127,12 +142,13 @@ func NewAlertServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 
 // alertServiceClient implements AlertServiceClient.
 type alertServiceClient struct {
-	listAlerts          *connect.Client[v1.ListAlertsRequest, v1.ListAlertsResponse]
-	createAlertWebhook  *connect.Client[v1.CreateAlertWebhookRequest, v1.CreateAlertWebhookResponse]
-	listAlertWebhooks   *connect.Client[v1.ListAlertWebhooksRequest, v1.ListAlertWebhooksResponse]
-	deleteAlertWebhook  *connect.Client[v1.DeleteAlertWebhookRequest, v1.DeleteAlertWebhookResponse]
-	listAlertDeliveries *connect.Client[v1.ListAlertDeliveriesRequest, v1.ListAlertDeliveriesResponse]
-	retryAlertDelivery  *connect.Client[v1.RetryAlertDeliveryRequest, v1.RetryAlertDeliveryResponse]
+	listAlerts               *connect.Client[v1.ListAlertsRequest, v1.ListAlertsResponse]
+	createAlertWebhook       *connect.Client[v1.CreateAlertWebhookRequest, v1.CreateAlertWebhookResponse]
+	listAlertWebhooks        *connect.Client[v1.ListAlertWebhooksRequest, v1.ListAlertWebhooksResponse]
+	deleteAlertWebhook       *connect.Client[v1.DeleteAlertWebhookRequest, v1.DeleteAlertWebhookResponse]
+	rotateAlertWebhookSecret *connect.Client[v1.RotateAlertWebhookSecretRequest, v1.RotateAlertWebhookSecretResponse]
+	listAlertDeliveries      *connect.Client[v1.ListAlertDeliveriesRequest, v1.ListAlertDeliveriesResponse]
+	retryAlertDelivery       *connect.Client[v1.RetryAlertDeliveryRequest, v1.RetryAlertDeliveryResponse]
 }
 
 // ListAlerts calls sluice.admin.v1.AlertService.ListAlerts.
@@ -153,6 +169,11 @@ func (c *alertServiceClient) ListAlertWebhooks(ctx context.Context, req *connect
 // DeleteAlertWebhook calls sluice.admin.v1.AlertService.DeleteAlertWebhook.
 func (c *alertServiceClient) DeleteAlertWebhook(ctx context.Context, req *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error) {
 	return c.deleteAlertWebhook.CallUnary(ctx, req)
+}
+
+// RotateAlertWebhookSecret calls sluice.admin.v1.AlertService.RotateAlertWebhookSecret.
+func (c *alertServiceClient) RotateAlertWebhookSecret(ctx context.Context, req *connect.Request[v1.RotateAlertWebhookSecretRequest]) (*connect.Response[v1.RotateAlertWebhookSecretResponse], error) {
+	return c.rotateAlertWebhookSecret.CallUnary(ctx, req)
 }
 
 // ListAlertDeliveries calls sluice.admin.v1.AlertService.ListAlertDeliveries.
@@ -176,6 +197,12 @@ type AlertServiceHandler interface {
 	// DeleteAlertWebhook removes an endpoint; its pending deliveries are
 	// dropped with it.
 	DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error)
+	// RotateAlertWebhookSecret gives an endpoint a new signing secret,
+	// returned once. With a grace period every request is signed with both
+	// the new and the previous secret until it ends, so the receiver can
+	// switch secrets at any moment in between (docs/alerts.md, "Rotating
+	// the secret").
+	RotateAlertWebhookSecret(context.Context, *connect.Request[v1.RotateAlertWebhookSecretRequest]) (*connect.Response[v1.RotateAlertWebhookSecretResponse], error)
 	// ListAlertDeliveries shows delivery state: pending (with attempts and
 	// the next attempt), delivered, or dead (the dead-letter list: every
 	// attempt failed).
@@ -218,6 +245,12 @@ func NewAlertServiceHandler(svc AlertServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(alertServiceMethods.ByName("DeleteAlertWebhook")),
 		connect.WithHandlerOptions(opts...),
 	)
+	alertServiceRotateAlertWebhookSecretHandler := connect.NewUnaryHandler(
+		AlertServiceRotateAlertWebhookSecretProcedure,
+		svc.RotateAlertWebhookSecret,
+		connect.WithSchema(alertServiceMethods.ByName("RotateAlertWebhookSecret")),
+		connect.WithHandlerOptions(opts...),
+	)
 	alertServiceListAlertDeliveriesHandler := connect.NewUnaryHandler(
 		AlertServiceListAlertDeliveriesProcedure,
 		svc.ListAlertDeliveries,
@@ -241,6 +274,8 @@ func NewAlertServiceHandler(svc AlertServiceHandler, opts ...connect.HandlerOpti
 			alertServiceListAlertWebhooksHandler.ServeHTTP(w, r)
 		case AlertServiceDeleteAlertWebhookProcedure:
 			alertServiceDeleteAlertWebhookHandler.ServeHTTP(w, r)
+		case AlertServiceRotateAlertWebhookSecretProcedure:
+			alertServiceRotateAlertWebhookSecretHandler.ServeHTTP(w, r)
 		case AlertServiceListAlertDeliveriesProcedure:
 			alertServiceListAlertDeliveriesHandler.ServeHTTP(w, r)
 		case AlertServiceRetryAlertDeliveryProcedure:
@@ -268,6 +303,10 @@ func (UnimplementedAlertServiceHandler) ListAlertWebhooks(context.Context, *conn
 
 func (UnimplementedAlertServiceHandler) DeleteAlertWebhook(context.Context, *connect.Request[v1.DeleteAlertWebhookRequest]) (*connect.Response[v1.DeleteAlertWebhookResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.DeleteAlertWebhook is not implemented"))
+}
+
+func (UnimplementedAlertServiceHandler) RotateAlertWebhookSecret(context.Context, *connect.Request[v1.RotateAlertWebhookSecretRequest]) (*connect.Response[v1.RotateAlertWebhookSecretResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("sluice.admin.v1.AlertService.RotateAlertWebhookSecret is not implemented"))
 }
 
 func (UnimplementedAlertServiceHandler) ListAlertDeliveries(context.Context, *connect.Request[v1.ListAlertDeliveriesRequest]) (*connect.Response[v1.ListAlertDeliveriesResponse], error) {

@@ -1,0 +1,268 @@
+package admin
+
+import (
+	"context"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
+	"github.com/sluicegw/sluice/controlplane/internal/events"
+	"github.com/sluicegw/sluice/controlplane/internal/store"
+	"github.com/sluicegw/sluice/internal/ids"
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
+)
+
+// labelScopeService implements LabelScopeService: the project and tag
+// scopes of an org (docs/limits.md, "Project and tag scopes"). They are
+// org-level objects like end customers: org and platform tokens manage
+// them, team tokens neither see nor change them (a team's keys share the
+// org's projects and tags with other teams).
+type labelScopeService struct{ *Server }
+
+const objLabelScope = string(events.ObjLabelScope)
+
+// labelScopeUpdatable lists the update_mask paths UpdateLabelScope
+// accepts (nested "limits.<field>" paths included through "limits").
+var labelScopeUpdatable = []string{"limits"}
+
+// labelKinds maps the admin enum to the stored kind.
+var labelKinds = map[adminv1.LabelScopeKind]string{
+	adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT: store.LabelKindProject,
+	adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG:     store.LabelKindTag,
+}
+
+func labelKindToProto(k string) adminv1.LabelScopeKind {
+	for pk, sk := range labelKinds {
+		if sk == k {
+			return pk
+		}
+	}
+	return adminv1.LabelScopeKind_LABEL_SCOPE_KIND_UNSPECIFIED
+}
+
+func labelScopeToProto(l store.LabelScope) (*adminv1.LabelScope, error) {
+	lim, err := limitsFromJSON(l.Limits)
+	if err != nil {
+		return nil, err
+	}
+	return &adminv1.LabelScope{
+		Id: l.ID, OrgId: l.OrgID, Kind: labelKindToProto(l.Kind), Name: l.Name, Limits: lim,
+		CreateTime: timestamppb.New(l.CreatedAt), UpdateTime: timestamppb.New(l.UpdatedAt),
+	}, nil
+}
+
+// validateLabelScope checks ls. The name must be one a key can carry: a
+// project is what keys accept as a project (1–100 characters, no
+// surrounding spaces or control characters), a tag what they accept as a
+// tag. Fields are named as in create requests and update masks.
+func validateLabelScope(ls *adminv1.LabelScope) error {
+	c := &validator{}
+	lvl := LevelProject
+	switch ls.GetKind() {
+	case adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT:
+		name := ls.GetName()
+		switch {
+		case name == "":
+			c.add("name", "required")
+		case !utf8.ValidString(name) || utf8.RuneCountInString(name) > maxKeyLabelLen:
+			c.add("name", "must be 1–%d characters of valid UTF-8", maxKeyLabelLen)
+		case strings.TrimSpace(name) != name:
+			c.add("name", "must not start or end with spaces")
+		case strings.IndexFunc(name, unicode.IsControl) >= 0:
+			c.add("name", "must not contain control characters")
+		}
+	case adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG:
+		lvl = LevelTag
+		if !tagPattern.MatchString(ls.GetName()) {
+			c.add("name", "tag %q must be 1–%d characters of A-Z a-z 0-9 _ . : / -", ls.GetName(), maxKeyTagLen)
+		}
+	default:
+		c.add("kind", "must be LABEL_SCOPE_KIND_PROJECT or LABEL_SCOPE_KIND_TAG")
+	}
+	validateLimits(c, "limits", ls.GetLimits(), lvl, nil)
+	return c.err()
+}
+
+func (s *labelScopeService) CreateLabelScope(ctx context.Context, req *connect.Request[adminv1.CreateLabelScopeRequest]) (*connect.Response[adminv1.CreateLabelScopeResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
+		return nil, err
+	}
+	m := req.Msg
+	orgID, err := createOrg(ctx, m.GetOrgId())
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "project and tag scopes of org "+orgID)); err != nil {
+		return nil, err
+	}
+	want := &adminv1.LabelScope{Kind: m.GetKind(), Name: m.GetName(), Limits: m.GetLimits()}
+	if err := validateLabelScope(want); err != nil {
+		return nil, err
+	}
+	ls := store.LabelScope{ID: ids.New(ids.LabelScope), OrgID: orgID, Kind: labelKinds[want.Kind], Name: want.Name,
+		Limits: limitsJSON(want.Limits)}
+	var out *adminv1.LabelScope
+	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		if err := tx.LabelScopeInsert(ctx, &ls); err != nil {
+			return err
+		}
+		var err error
+		if out, err = labelScopeToProto(ls); err != nil {
+			return err
+		}
+		if err := tx.Audit(ctx, audit.ActionCreated, objLabelScope, ls.ID, ls.OrgID, "", nil, auditJSON(out)); err != nil {
+			return err
+		}
+		return outbox(ctx, tx, events.LabelScopeUpserted, ls.OrgID, ls.ID, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.CreateLabelScopeResponse{LabelScope: out}), nil
+}
+
+func (s *labelScopeService) GetLabelScope(ctx context.Context, req *connect.Request[adminv1.GetLabelScopeRequest]) (*connect.Response[adminv1.GetLabelScopeResponse], error) {
+	if err := orgLevelGate(ctx, authz.Read, "project and tag scopes"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetId()
+	if err := requireID("id", id); err != nil {
+		return nil, err
+	}
+	ls, err := s.store.LabelScopeGet(ctx, tenant(ctx), id)
+	if err != nil {
+		return nil, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(ls.OrgID, "label scope "+ls.ID)); err != nil {
+		return nil, err
+	}
+	out, err := labelScopeToProto(ls)
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.GetLabelScopeResponse{LabelScope: out}), nil
+}
+
+func (s *labelScopeService) ListLabelScopes(ctx context.Context, req *connect.Request[adminv1.ListLabelScopesRequest]) (*connect.Response[adminv1.ListLabelScopesResponse], error) {
+	m := req.Msg
+	if err := orgLevelGate(ctx, authz.Read, "project and tag scopes"); err != nil {
+		return nil, err
+	}
+	t, err := listTenant(ctx, m.GetOrgId(), "project and tag scopes")
+	if err != nil {
+		return nil, err
+	}
+	q := store.LabelScopeQuery{NamePrefix: m.GetNamePrefix()}
+	if k := m.GetKind(); k != adminv1.LabelScopeKind_LABEL_SCOPE_KIND_UNSPECIFIED {
+		if q.Kind = labelKinds[k]; q.Kind == "" {
+			return nil, invalid("kind", "must be LABEL_SCOPE_KIND_PROJECT, LABEL_SCOPE_KIND_TAG or unset")
+		}
+	}
+	limit, after, err := pageArgs(m.GetPageSize(), m.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.store.LabelScopeList(ctx, t, q, store.Page{After: after, Limit: limit})
+	if err != nil {
+		return nil, err
+	}
+	resp := &adminv1.ListLabelScopesResponse{}
+	for _, r := range rows {
+		ls, err := labelScopeToProto(r)
+		if err != nil {
+			return nil, err
+		}
+		resp.LabelScopes = append(resp.LabelScopes, ls)
+	}
+	if len(rows) > 0 {
+		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+func (s *labelScopeService) UpdateLabelScope(ctx context.Context, req *connect.Request[adminv1.UpdateLabelScopeRequest]) (*connect.Response[adminv1.UpdateLabelScopeResponse], error) {
+	if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
+		return nil, err
+	}
+	id := req.Msg.GetLabelScope().GetId()
+	if err := requireID("label_scope.id", id); err != nil {
+		return nil, err
+	}
+	for _, p := range req.Msg.GetUpdateMask().GetPaths() {
+		if p == "kind" || p == "name" {
+			return nil, invalid("update_mask", "%s is immutable: keys name the scope by it; create a new scope instead", p)
+		}
+	}
+	var out *adminv1.LabelScope
+	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := tx.LabelScopeGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return err
+		}
+		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "label scope "+cur.ID)); err != nil {
+			return err
+		}
+		before, err := labelScopeToProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(*adminv1.LabelScope)
+		if err := applyMask(after, req.Msg.GetLabelScope(), req.Msg.GetUpdateMask(), labelScopeUpdatable...); err != nil {
+			return err
+		}
+		if err := validateLabelScope(after); err != nil {
+			return err
+		}
+		cur.Limits = limitsJSON(after.Limits)
+		if err := tx.LabelScopeUpdate(ctx, &cur); err != nil {
+			return err
+		}
+		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
+		out = after
+		if err := tx.Audit(ctx, audit.ActionUpdated, objLabelScope, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
+			return err
+		}
+		return outbox(ctx, tx, events.LabelScopeUpserted, cur.OrgID, cur.ID, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.UpdateLabelScopeResponse{LabelScope: out}), nil
+}
+
+func (s *labelScopeService) DeleteLabelScope(ctx context.Context, req *connect.Request[adminv1.DeleteLabelScopeRequest]) (*connect.Response[adminv1.DeleteLabelScopeResponse], error) {
+	if err := deleteObject(ctx, s.store, labelScopeObjects, req.Msg.GetId()); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&adminv1.DeleteLabelScopeResponse{}), nil
+}
+
+// labelScopeObjects is the object of DeleteLabelScope (label scopes are
+// not blockable: block the keys or their team instead).
+var labelScopeObjects = mutable[store.LabelScope, *adminv1.LabelScope]{
+	object: events.ObjLabelScope,
+	gate: func(ctx context.Context, id string) error {
+		if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
+			return err
+		}
+		return requireID("id", id)
+	},
+	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.LabelScope, error) {
+		cur, err := tx.LabelScopeGetForUpdate(ctx, tenant(ctx), id)
+		if err != nil {
+			return cur, err
+		}
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "label scope "+cur.ID))
+	},
+	remove: func(ctx context.Context, tx *store.Tx, cur store.LabelScope) (any, error) {
+		return nil, tx.LabelScopeDelete(ctx, cur.ID)
+	},
+	toProto: labelScopeToProto,
+	scope:   func(l store.LabelScope) (string, string, string) { return l.ID, l.OrgID, "" },
+}
