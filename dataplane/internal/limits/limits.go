@@ -231,10 +231,13 @@ type Lease struct {
 	reserved  int64
 	needs     bool // false: nothing to renew or settle in Redis (rpm only)
 	settled   atomic.Bool
-	// local are the rate limits admitted from quota slices (slices.go),
-	// reconciled locally once (localDone).
+	// local are the limits admitted from quota slices (slices.go),
+	// reconciled locally once (localDone); localTPM and localHold say
+	// whether they hold anything to settle (tokens; a budget reservation
+	// or a concurrency slot).
 	local     []sliceTake
 	localTPM  bool
+	localHold bool
 	localDone atomic.Bool
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
@@ -262,6 +265,11 @@ const (
 	// (its renewals were late by a whole lease TTL); nothing was done. Its
 	// leases and reservation are gone: the caller should stop the request.
 	RenewSwept
+	// RenewLost: the request holds a concurrency slot of a quota slice
+	// whose lease the slice worker could not renew for a lease TTL less a
+	// renew interval; the slot may soon be given away: the caller should
+	// stop the request.
+	RenewLost
 )
 
 // SettleResult is the outcome of Settle.
@@ -395,8 +403,9 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg}
 	if cfg.Slices.Enabled {
-		if cfg.Slices.MinRPM < 0 || cfg.Slices.MinTPM < 0 || cfg.Slices.Reserve < 0 || cfg.Slices.Reserve >= 1000 ||
-			cfg.Slices.Share < 0 || cfg.Slices.Tick < 0 || cfg.Slices.Idle < 0 {
+		sc := cfg.Slices
+		if sc.MinRPM < 0 || sc.MinTPM < 0 || sc.MinParallel < 0 || sc.MinBudgetMicros < 0 || sc.Reserve < 0 || sc.Reserve >= 1000 ||
+			sc.Share < 0 || sc.Tick < 0 || sc.Idle < 0 || sc.Linger < 0 || sc.BudgetLife < 0 {
 			return nil, fmt.Errorf("limits: slice settings out of range: %+v", cfg.Slices)
 		}
 		l.slices = newSlicer(l, cfg.Slices)
@@ -440,7 +449,7 @@ func (l *Limiter) LeaseTTL() time.Duration { return l.cfg.LeaseTTL }
 
 // Needs reports whether the lease holds anything in Redis to renew or
 // settle (false for requests limited by rpm only).
-func (l *Lease) Needs() bool { return l.needs || l.localTPM }
+func (l *Lease) Needs() bool { return l.needs || l.localTPM || l.localHold }
 
 // Local reports whether any of the request's limits were admitted from
 // quota slices (no Redis call for them).
@@ -509,6 +518,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	lease := &Lease{orgID: req.OrgID, requestID: req.RequestID, est: req.EstTokens, reserved: req.MaxCostMicros, local: takes}
 	for _, tk := range takes {
 		lease.localTPM = lease.localTPM || tk.hasTPM
+		lease.localHold = lease.localHold || tk.kind != takeRate
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
@@ -527,7 +537,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		l.slices.rollback(takes)
 		return d, err
 	}
-	d.Lease.local, d.Lease.localTPM = takes, lease.localTPM
+	d.Lease.local, d.Lease.localTPM, d.Lease.localHold = takes, lease.localTPM, lease.localHold
 	d.Headers = mergeHeaders(d.Headers, hdr)
 	return d, nil
 }
@@ -660,6 +670,11 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	if lease.settled.Load() {
 		return RenewSettled, nil
 	}
+	if lease.localHold && l.slices != nil && !lease.localDone.Load() {
+		if st := l.slices.renewLocal(lease.local); st != RenewExtended {
+			return st, nil
+		}
+	}
 	if !lease.needs {
 		return RenewExtended, nil
 	}
@@ -733,16 +748,22 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	// Groups of item indexes by org, in order of first appearance.
 	var groups [][]int
 	byOrg := map[string]int{}
+	var localAlerts map[int][]BudgetAlert
 	for i, it := range items {
 		if it.Lease.local != nil && l.slices != nil && it.Lease.localDone.CompareAndSwap(false, true) {
-			l.slices.settle(it.Lease.local, it.Tokens, it.Cancel)
+			if al := l.slices.settle(it.Lease.local, it.Tokens, it.CostMicros, it.Cancel); len(al) > 0 {
+				if localAlerts == nil {
+					localAlerts = map[int][]BudgetAlert{}
+				}
+				localAlerts[i] = al
+			}
 		}
 		switch {
 		case it.Lease.settled.Load():
 			continue
 		case !it.Lease.needs && (!it.Cancel || it.Lease.keys == nil):
 			it.Lease.settled.Store(true)
-			res[i] = SettleResult{Applied: true}
+			res[i] = SettleResult{Applied: true, Alerts: localAlerts[i]}
 			continue
 		}
 		g, ok := byOrg[it.Lease.orgID]
@@ -779,9 +800,14 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		for j, i := range idx {
 			if err != nil {
 				errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
+				if al := localAlerts[i]; al != nil {
+					// The retry (SettleOne) reports them.
+					l.slices.requeueAlerts(items[i].Lease.local, al)
+				}
 				continue
 			}
 			res[i] = gres[j]
+			res[i].Alerts = append(res[i].Alerts, localAlerts[i]...)
 			items[i].Lease.settled.Store(true)
 		}
 	}
