@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -239,6 +240,14 @@ type Lease struct {
 	localTPM  bool
 	localHold bool
 	localDone atomic.Bool
+	// promote is set for a request admitted entirely from slices with a
+	// Report: its first renewal a renew interval after born writes its
+	// record (recorded), so a sweeper publishes its usage event if its data
+	// plane dies; pmu orders that write with the local settlement.
+	promote  bool
+	born     time.Time
+	recorded atomic.Bool
+	pmu      sync.Mutex
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
 }
@@ -418,6 +427,58 @@ func New(cfg Config) (*Limiter, error) {
 	return l, nil
 }
 
+// settleLocal marks the local part of the lease settled, once: true the
+// first time. After it, renewRecord writes no record.
+func (l *Lease) settleLocal() bool {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return l.localDone.CompareAndSwap(false, true)
+}
+
+// renewRecord renews a request admitted entirely from slices: nothing
+// until it has lived half a renew interval (a short request, or a stream's
+// renewal kicked when its upstream answers, makes no call), then its
+// record is written (slicerec.lua) and renewed with its report at every
+// renewal, so a sweeper publishes its usage event if its data plane dies.
+func (l *Limiter) renewRecord(ctx context.Context, lease *Lease) (RenewState, error) {
+	if !lease.recorded.Load() && time.Since(lease.born) < l.cfg.RenewInterval/2 {
+		return RenewExtended, nil
+	}
+	lease.pmu.Lock()
+	defer lease.pmu.Unlock()
+	if lease.localDone.Load() {
+		return RenewSettled, nil
+	}
+	ok := l.keys.org(l.cfg.KeyPrefix, lease.orgID)
+	keys := []string{ok[0], l.cfg.KeyPrefix + "{o:" + lease.orgID + "}:req:" + lease.requestID, ok[1]} // keyBuilder.record
+	args := newArgv()
+	defer args.release()
+	args.str(lease.requestID)
+	args.int(ms(l.cfg.LeaseTTL))
+	args.int(ms(l.cfg.RecordTTL))
+	args.int(ms(l.cfg.rateBucket))
+	lease.sweep.appendNote(args)
+	vals, err := l.run(ctx, sliceRecScript, "renew", keys, args)
+	if err != nil {
+		// It may have run: settle it in Redis too (a no-op if it did not).
+		lease.keys = keys[:2]
+		lease.recorded.Store(true)
+		return 0, err
+	}
+	lease.keys = keys[:2]
+	lease.recorded.Store(true)
+	if len(vals) != 1 {
+		return 0, fmt.Errorf("%w: slicerec returned %v", ErrUnavailable, vals)
+	}
+	switch vals[0] {
+	case 0:
+		return RenewSettled, nil
+	case 3:
+		return RenewSwept, nil
+	}
+	return RenewExtended, nil
+}
+
 // RenewInterval is how often a caller should Renew each live request.
 func (l *Limiter) RenewInterval() time.Duration { return l.cfg.RenewInterval }
 
@@ -522,6 +583,10 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
+		if req.Report != nil && (lease.localTPM || lease.localHold) {
+			lease.sweep = newSweepState(nil, *req.Report)
+			lease.promote, lease.born = true, time.Now()
+		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
 	}
 	// The rest (budgets, concurrency, scopes without slices) is admitted
@@ -675,6 +740,9 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 			return st, nil
 		}
 	}
+	if lease.promote {
+		return l.renewRecord(ctx, lease)
+	}
 	if !lease.needs {
 		return RenewExtended, nil
 	}
@@ -750,7 +818,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	byOrg := map[string]int{}
 	var localAlerts map[int][]BudgetAlert
 	for i, it := range items {
-		if it.Lease.local != nil && l.slices != nil && it.Lease.localDone.CompareAndSwap(false, true) {
+		if it.Lease.local != nil && l.slices != nil && it.Lease.settleLocal() {
 			if al := l.slices.settle(it.Lease.local, it.Tokens, it.CostMicros, it.Cancel); len(al) > 0 {
 				if localAlerts == nil {
 					localAlerts = map[int][]BudgetAlert{}
@@ -761,7 +829,7 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		switch {
 		case it.Lease.settled.Load():
 			continue
-		case !it.Lease.needs && (!it.Cancel || it.Lease.keys == nil):
+		case !it.Lease.needs && !it.Lease.recorded.Load() && (!it.Cancel || it.Lease.keys == nil):
 			it.Lease.settled.Store(true)
 			res[i] = SettleResult{Applied: true, Alerts: localAlerts[i]}
 			continue

@@ -1215,6 +1215,8 @@ type SliceStats struct {
 	// those in use.
 	HeldBudgetMicros      int64
 	HeldSlots, SlotsInUse int64
+	// InFlight counts the scopes with a carve call in flight.
+	InFlight int
 	// Calls counts the slice worker's carve.lua calls so far.
 	Calls int64
 }
@@ -1247,6 +1249,9 @@ func (l *Limiter) SliceStats() SliceStats {
 		out.HeldSlots += int64(len(st.pall))
 		out.SlotsInUse += st.puse
 		out.PendingReturns += len(st.rets) + len(st.brets) + len(st.pgone)
+		if st.inflight {
+			out.InFlight++
+		}
 		st.mu.Unlock()
 	}
 	return out

@@ -422,3 +422,72 @@ func TestSlicesHoldLimitsLoweredWithinASecond(t *testing.T) {
 	require.Zero(t, localBAfter, "a budget slice carved under the old cap was used after the change")
 	require.Zero(t, afterCap, "admitted after the cap fell below the spend")
 }
+
+// TestSlicesLongRequestSweepable: a request admitted entirely from slices
+// makes no call while it is short; one that lives half a renew interval
+// writes its record at its next renewal (with its report), so that when
+// its data plane stops renewing it a sweeper hands back its usage event —
+// charging nothing, since its reservation is in the slice — and its own
+// late settlement finds it swept.
+func TestSlicesLongRequestSweepable(t *testing.T) {
+	f := newSliceFleetCfg(t, 1, func(c *Config) { c.LeaseTTL, c.RenewInterval = time.Second, 100 * time.Millisecond },
+		SliceConfig{Tick: 10 * time.Millisecond, MinBudgetMicros: 1000, MinParallel: 1}, true)
+	lim := f.lims[0]
+	ctx := context.Background()
+	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: 100, Budget: &Budget{CapMicros: 1e9, Window: "1d"}}}
+	seq := 0
+	admit := func() Decision {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("s%d", seq), Scopes: scopes, MaxCostMicros: 100,
+			Report: &Report{Tokens: 5, CostMicros: 7, Event: []byte("usage event")}})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d
+	}
+	var d Decision
+	require.Eventually(t, func() bool {
+		d = admit()
+		if len(d.Lease.keys) == 0 {
+			return true
+		}
+		_, err := lim.Settle(ctx, d.Lease, 0, 50)
+		require.NoError(t, err)
+		return false
+	}, 5*time.Second, time.Millisecond)
+	require.True(t, d.Lease.Sweepable())
+	rec := newKeyBuilder(f.b.prefix, f.b.org).record(d.Lease.requestID)
+	// A renewal right away (a stream's, when its upstream answers) writes
+	// nothing.
+	st, err := lim.RenewReport(ctx, d.Lease, Report{Tokens: 6, CostMicros: 8, Event: []byte("usage event")})
+	require.NoError(t, err)
+	require.Equal(t, RenewExtended, st)
+	require.Zero(t, f.b.rdb.Exists(ctx, rec).Val(), "a short request wrote a record")
+	time.Sleep(60 * time.Millisecond)
+	st, err = lim.RenewReport(ctx, d.Lease, Report{Tokens: 9, CostMicros: 11, Event: []byte("usage event")})
+	require.NoError(t, err)
+	require.Equal(t, RenewExtended, st)
+	require.Equal(t, int64(1), f.b.rdb.Exists(ctx, rec).Val(), "the long request's record")
+	// The scope has no more demand: its free budget slice goes back.
+	require.Eventually(t, func() bool {
+		st := lim.SliceStats()
+		return st.HeldBudgetMicros == 0 && st.PendingReturns == 0 && st.InFlight == 0
+	}, 3*time.Second, 10*time.Millisecond)
+	spend := f.b.state(t, scopes[0]).Spend
+	// No more renewals (as if its data plane had died): once its lease
+	// expires a sweep settles it with its last report.
+	var swept []Swept
+	require.Eventually(t, func() bool {
+		out, err := f.b.lim.Sweep(ctx, []string{f.b.org}, 0) // another data plane's sweeper
+		require.NoError(t, err)
+		swept = append(swept, out...)
+		return len(swept) > 0
+	}, 3*time.Second, 20*time.Millisecond)
+	require.Len(t, swept, 1)
+	require.Equal(t, d.Lease.requestID, swept[0].RequestID)
+	require.Equal(t, []byte("usage event"), swept[0].Event)
+	require.Equal(t, int64(11), swept[0].CostMicros)
+	require.Equal(t, spend, f.b.state(t, scopes[0]).Spend, "the sweep charged the budget (the slice holds the reservation)")
+	res, err := lim.Settle(ctx, d.Lease, 0, 50)
+	require.NoError(t, err)
+	require.True(t, res.Swept, "the late settlement finds the request swept")
+}
