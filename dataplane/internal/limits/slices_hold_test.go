@@ -430,7 +430,7 @@ func TestSlicesHoldLimitsLoweredWithinASecond(t *testing.T) {
 // charging nothing, since its reservation is in the slice — and its own
 // late settlement finds it swept.
 func TestSlicesLongRequestSweepable(t *testing.T) {
-	f := newSliceFleetCfg(t, 1, func(c *Config) { c.LeaseTTL, c.RenewInterval = time.Second, 100 * time.Millisecond },
+	f := newSliceFleetCfg(t, 1, func(c *Config) { c.LeaseTTL, c.RenewInterval = time.Second, 100*time.Millisecond },
 		SliceConfig{Tick: 10 * time.Millisecond, MinBudgetMicros: 1000, MinParallel: 1}, true)
 	lim := f.lims[0]
 	ctx := context.Background()
