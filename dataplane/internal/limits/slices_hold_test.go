@@ -491,3 +491,41 @@ func TestSlicesLongRequestSweepable(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Swept, "the late settlement finds the request swept")
 }
+
+// TestSlicesSlotsStopWithoutRenewal: slots whose lease the worker has not
+// renewed for two renew intervals are not given to new requests (they are
+// admitted exactly), and a request holding one is told to stop
+// (RenewLost) a renew interval before the slot's lease can expire.
+func TestSlicesSlotsStopWithoutRenewal(t *testing.T) {
+	const ttl, iv = 2 * time.Second, 200 * time.Millisecond
+	f := newSliceFleetCfg(t, 1, func(c *Config) { c.LeaseTTL, c.RenewInterval = ttl, iv },
+		SliceConfig{MinParallel: 1, Tick: 10 * time.Millisecond}, false)
+	lim := f.lims[0]
+	ctx := context.Background()
+	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: 100}}
+	seq := 0
+	admit := func() *Lease {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("r%d", seq), Scopes: scopes})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d.Lease
+	}
+	first := admit() // exact: its demand makes the tick carve
+	require.False(t, hasTake(first, takePar))
+	lim.slices.tick(ctx, false)
+	require.Positive(t, lim.SliceStats().HeldSlots)
+	l := admit()
+	require.True(t, hasTake(l, takePar), "a slot from the slice")
+	base := time.Now()
+	shift := func(d time.Duration) { lim.slices.now = func() time.Time { return time.Now().Add(d) } }
+	shift(3 * iv) // no renewal for three renew intervals
+	require.False(t, hasTake(admit(), takePar), "a slot not renewed for two renew intervals was given out")
+	st, err := lim.Renew(ctx, l)
+	require.NoError(t, err)
+	require.Equal(t, RenewExtended, st, "the slot's lease still has more than a renew interval left")
+	shift(ttl - iv + time.Since(base))
+	st, err = lim.Renew(ctx, l)
+	require.NoError(t, err)
+	require.Equal(t, RenewLost, st, "the request must stop before its slot's lease expires")
+}
