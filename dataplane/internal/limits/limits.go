@@ -241,7 +241,7 @@ type Lease struct {
 	localHold bool
 	localDone atomic.Bool
 	// promote is set for a request admitted entirely from slices with a
-	// Report: its first renewal a renew interval after born writes its
+	// Report: its first renewal half a renew interval after born writes its
 	// record (recorded), so a sweeper publishes its usage event if its data
 	// plane dies; pmu orders that write with the local settlement.
 	promote  bool

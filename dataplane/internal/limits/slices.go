@@ -957,7 +957,10 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 	for _, g := range groups {
 		n += len(g)
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout*time.Duration(1+n/32))
+	// Off the request path: a worker call has four call timeouts (and one
+	// more per 32 scopes), so a busy Redis that times out admissions still
+	// answers the carves that take the load off it.
+	cctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout*time.Duration(4+n/32))
 	defer cancel()
 	sent := s.now()
 	s.calls.Add(int64(len(calls)))
