@@ -276,9 +276,9 @@ type Config struct {
 	// unavailable. Budgets and concurrency always fail closed.
 	RateLimitFallback string
 	// LimitSlices turns on quota slices (docs/limits.md, "Quota slices"):
-	// hot scopes with large rpm/tpm limits are admitted from slices of the
-	// fleet-wide window held by this data plane, without a Redis round
-	// trip. Off by default.
+	// hot scopes with large rpm/tpm, concurrency and budget limits are
+	// admitted from slices of the fleet-wide limits held by this data
+	// plane, without a Redis round trip. Off by default.
 	LimitSlices bool
 	// DefaultMaxOutputTokens bounds the output of requests without
 	// max_tokens on deployments without max_output_tokens, for token

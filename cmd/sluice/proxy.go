@@ -73,7 +73,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	fallback := fs.String("rate-limit-fallback", dataplane.RateFallbackClosed,
 		"rpm/tpm while Redis is unavailable: closed (503 limits_unavailable) or local (limit ÷ live data planes); budgets and concurrency always fail closed")
 	slicesOn := fs.Bool("limit-slices", false,
-		"quota slices: admit hot scopes with large rpm/tpm limits from slices of the fleet-wide window this proxy holds, without a Redis round trip (docs/limits.md)")
+		"quota slices: admit hot scopes with large rpm/tpm, concurrency and budget limits from slices of the fleet-wide limits this proxy holds, without a Redis round trip (docs/limits.md)")
 	seedWait := fs.Duration("budget-seed-wait", dataplane.DefaultBudgetSeedWait,
 		"longest wait of a request while budgets the limits store does not hold (first use, or Redis lost its state) are re-seeded from the control plane's ledger; past it 503 limits_recovering")
 	readHeader := fs.Duration("read-header-timeout", dataplane.DefaultReadHeaderTimeout, "longest time a client may take to send a request's headers")

@@ -558,6 +558,12 @@ func (r *renewal) renew() bool {
 			x.h.log.Warn("aborting request: a sweeper settled it after its leases expired", "request_id", x.id)
 			x.abort(errLeaseLost)
 			return false
+		case limits.RenewLost:
+			// A concurrency slot of a quota slice whose lease could not be
+			// renewed in time: it may be given away.
+			x.h.log.Warn("aborting request: its quota slice's slot could not be renewed", "request_id", x.id)
+			x.abort(errLeaseLost)
+			return false
 		}
 	}
 	if ok {

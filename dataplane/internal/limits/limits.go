@@ -265,11 +265,22 @@ type Lease struct {
 	reserved  int64
 	needs     bool // false: nothing to renew or settle in Redis (rpm only)
 	settled   atomic.Bool
-	// local are the rate limits admitted from quota slices (slices.go),
-	// reconciled locally once (localDone).
+	// local are the limits admitted from quota slices (slices.go),
+	// reconciled locally once (localDone); localTPM and localHold say
+	// whether they hold anything to settle (tokens; a budget reservation
+	// or a concurrency slot).
 	local     []sliceTake
 	localTPM  bool
+	localHold bool
 	localDone atomic.Bool
+	// promote is set for a request admitted entirely from slices with a
+	// Report: its first renewal half a renew interval after born writes its
+	// record (recorded), so a sweeper publishes its usage event if its data
+	// plane dies; pmu orders that write with the local settlement.
+	promote  bool
+	born     time.Time
+	recorded atomic.Bool
+	pmu      sync.Mutex
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
 	// prefillScope is the 1-based index of the scope accounting the
@@ -312,6 +323,11 @@ const (
 	// (its renewals were late by a whole lease TTL); nothing was done. Its
 	// leases and reservation are gone: the caller should stop the request.
 	RenewSwept
+	// RenewLost: the request holds a concurrency slot of a quota slice
+	// whose lease the slice worker could not renew for a lease TTL less a
+	// renew interval; the slot may soon be given away: the caller should
+	// stop the request.
+	RenewLost
 )
 
 // SettleResult is the outcome of Settle.
@@ -445,8 +461,9 @@ func New(cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{cfg: cfg}
 	if cfg.Slices.Enabled {
-		if cfg.Slices.MinRPM < 0 || cfg.Slices.MinTPM < 0 || cfg.Slices.Reserve < 0 || cfg.Slices.Reserve >= 1000 ||
-			cfg.Slices.Share < 0 || cfg.Slices.Tick < 0 || cfg.Slices.Idle < 0 {
+		sc := cfg.Slices
+		if sc.MinRPM < 0 || sc.MinTPM < 0 || sc.MinParallel < 0 || sc.MinBudgetMicros < 0 || sc.Reserve < 0 || sc.Reserve >= 1000 ||
+			sc.Share < 0 || sc.Tick < 0 || sc.Idle < 0 || sc.Linger < 0 || sc.BudgetLife < 0 {
 			return nil, fmt.Errorf("limits: slice settings out of range: %+v", cfg.Slices)
 		}
 		l.slices = newSlicer(l, cfg.Slices)
@@ -457,6 +474,58 @@ func New(cfg Config) (*Limiter, error) {
 		l.store = goRedisStore{c: cfg.Client}
 	}
 	return l, nil
+}
+
+// settleLocal marks the local part of the lease settled, once: true the
+// first time. After it, renewRecord writes no record.
+func (l *Lease) settleLocal() bool {
+	l.pmu.Lock()
+	defer l.pmu.Unlock()
+	return l.localDone.CompareAndSwap(false, true)
+}
+
+// renewRecord renews a request admitted entirely from slices: nothing
+// until it has lived half a renew interval (a short request, or a stream's
+// renewal kicked when its upstream answers, makes no call), then its
+// record is written (slicerec.lua) and renewed with its report at every
+// renewal, so a sweeper publishes its usage event if its data plane dies.
+func (l *Limiter) renewRecord(ctx context.Context, lease *Lease) (RenewState, error) {
+	if !lease.recorded.Load() && time.Since(lease.born) < l.cfg.RenewInterval/2 {
+		return RenewExtended, nil
+	}
+	lease.pmu.Lock()
+	defer lease.pmu.Unlock()
+	if lease.localDone.Load() {
+		return RenewSettled, nil
+	}
+	ok := l.keys.org(l.cfg.KeyPrefix, lease.orgID)
+	keys := []string{ok[0], l.cfg.KeyPrefix + "{o:" + lease.orgID + "}:req:" + lease.requestID, ok[1]} // keyBuilder.record
+	args := newArgv()
+	defer args.release()
+	args.str(lease.requestID)
+	args.int(ms(l.cfg.LeaseTTL))
+	args.int(ms(l.cfg.RecordTTL))
+	args.int(ms(l.cfg.rateBucket))
+	lease.sweep.appendNote(args)
+	vals, err := l.run(ctx, sliceRecScript, "renew", keys, args)
+	if err != nil {
+		// It may have run: settle it in Redis too (a no-op if it did not).
+		lease.keys = keys[:2]
+		lease.recorded.Store(true)
+		return 0, err
+	}
+	lease.keys = keys[:2]
+	lease.recorded.Store(true)
+	if len(vals) != 1 {
+		return 0, fmt.Errorf("%w: slicerec returned %v", ErrUnavailable, vals)
+	}
+	switch vals[0] {
+	case 0:
+		return RenewSettled, nil
+	case 3:
+		return RenewSwept, nil
+	}
+	return RenewExtended, nil
 }
 
 // RenewInterval is how often a caller should Renew each live request.
@@ -490,7 +559,7 @@ func (l *Limiter) LeaseTTL() time.Duration { return l.cfg.LeaseTTL }
 
 // Needs reports whether the lease holds anything in Redis to renew or
 // settle (false for requests limited by rpm only).
-func (l *Lease) Needs() bool { return l.needs || l.localTPM }
+func (l *Lease) Needs() bool { return l.needs || l.localTPM || l.localHold }
 
 // Local reports whether any of the request's limits were admitted from
 // quota slices (no Redis call for them).
@@ -572,9 +641,14 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	lease := &Lease{orgID: req.OrgID, requestID: req.RequestID, est: req.EstTokens, reserved: req.MaxCostMicros, local: takes}
 	for _, tk := range takes {
 		lease.localTPM = lease.localTPM || tk.hasTPM
+		lease.localHold = lease.localHold || tk.kind != takeRate
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
+		if req.Report != nil && (lease.localTPM || lease.localHold) {
+			lease.sweep = newSweepState(nil, *req.Report)
+			lease.promote, lease.born = true, time.Now()
+		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
 	}
 	// The rest (budgets, concurrency, scopes without slices) is admitted
@@ -590,7 +664,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		l.slices.rollback(takes)
 		return d, err
 	}
-	d.Lease.local, d.Lease.localTPM = takes, lease.localTPM
+	d.Lease.local, d.Lease.localTPM, d.Lease.localHold = takes, lease.localTPM, lease.localHold
 	d.Headers = mergeHeaders(d.Headers, hdr)
 	return d, nil
 }
@@ -739,6 +813,14 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	if lease.settled.Load() {
 		return RenewSettled, nil
 	}
+	if lease.localHold && l.slices != nil && !lease.localDone.Load() {
+		if st := l.slices.renewLocal(lease.local); st != RenewExtended {
+			return st, nil
+		}
+	}
+	if lease.promote {
+		return l.renewRecord(ctx, lease)
+	}
 	if !lease.needs {
 		return RenewExtended, nil
 	}
@@ -840,16 +922,22 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	// Groups of item indexes by org, in order of first appearance.
 	var groups [][]int
 	byOrg := map[string]int{}
+	var localAlerts map[int][]BudgetAlert
 	for i, it := range items {
-		if it.Lease.local != nil && l.slices != nil && it.Lease.localDone.CompareAndSwap(false, true) {
-			l.slices.settle(it.Lease.local, it.Tokens, it.Cancel)
+		if it.Lease.local != nil && l.slices != nil && it.Lease.settleLocal() {
+			if al := l.slices.settle(it.Lease.local, it.Tokens, it.CostMicros, it.Cancel); len(al) > 0 {
+				if localAlerts == nil {
+					localAlerts = map[int][]BudgetAlert{}
+				}
+				localAlerts[i] = al
+			}
 		}
 		switch {
 		case it.Lease.settled.Load():
 			continue
-		case !it.Lease.needs && (!it.Cancel || it.Lease.keys == nil):
+		case !it.Lease.needs && !it.Lease.recorded.Load() && (!it.Cancel || it.Lease.keys == nil):
 			it.Lease.settled.Store(true)
-			res[i] = SettleResult{Applied: true}
+			res[i] = SettleResult{Applied: true, Alerts: localAlerts[i]}
 			continue
 		}
 		g, ok := byOrg[it.Lease.orgID]
@@ -886,9 +974,14 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 		for j, i := range idx {
 			if err != nil {
 				errs[i] = fmt.Errorf("limits settle: %w: %w", ErrUnavailable, err)
+				if al := localAlerts[i]; al != nil {
+					// The retry (SettleOne) reports them.
+					l.slices.requeueAlerts(items[i].Lease.local, al)
+				}
 				continue
 			}
 			res[i] = gres[j]
+			res[i].Alerts = append(res[i].Alerts, localAlerts[i]...)
 			items[i].Lease.settled.Store(true)
 		}
 	}

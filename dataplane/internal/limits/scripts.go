@@ -19,10 +19,15 @@ var (
 	seedLua string
 	//go:embed lua/carve.lua
 	carveLua string
+	//go:embed lua/slicerec.lua
+	sliceRecLua string
 
 	admitScript  = newScript(commonLua + "\n" + admitLua)
 	renewScript  = newScript(commonLua + "\n" + renewLua)
 	settleScript = newScript(commonLua + "\n" + settleLua)
 	seedScript   = newScript(commonLua + "\n" + seedLua)
 	carveScript  = newScript(commonLua + "\n" + carveLua)
+	// sliceRecScript writes the record of a long request admitted from
+	// quota slices (slices.go).
+	sliceRecScript = newScript(commonLua + "\n" + sliceRecLua)
 )

@@ -2,42 +2,67 @@ package limits
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicegw/sluice/internal/budget"
 )
 
 // Quota slices (issue 15; docs/limits.md, "Quota slices").
 //
-// For a hot scope with large rpm/tpm limits, a data plane holds slices of
-// the fleet-wide window, carved in Redis by carve.lua: requests and tokens
-// added to one bucket of the scope's window as if admitted there, which the
-// data plane then admits locally, without a round trip, until that bucket
-// ends (by Redis's clock, measured conservatively from when the carve was
-// sent). A unit counted in bucket b stays counted until b leaves the
-// window, at least one full window after any use within b, so the window's
-// overshoot bound stays zero. What a slice did not use, refunds of token
-// estimates and debts of under-estimates are returned by the slice worker
-// (RunSlices), in the same carve.lua call that carves the next slices: one
-// call per org, for all of its scopes, every SliceConfig.Tick. Carves take
-// at most 1/Share of the room left below the limit less its reserve, so
-// near the limit slices shrink, then stop, and the scope is admitted
-// exactly (admit.lua) again; scopes whose limits are below MinRPM / MinTPM
-// never leave exact admission. Budgets and concurrency are always exact:
-// a request's rpm/tpm may come from slices while its budget and parallel
-// limits go to Redis in the same single admission call.
+// For a hot scope with large limits, a data plane holds slices of the
+// fleet-wide limits, carved in Redis by carve.lua, and admits against them
+// locally, without a round trip:
+//
+//   - rpm/tpm: requests and tokens added to one bucket of the scope's window
+//     as if admitted there, usable until that bucket ends (by Redis's clock,
+//     measured conservatively from when the carve was sent). A unit counted
+//     in bucket b stays counted until b leaves the window, at least one full
+//     window after any use within b, so the window's overshoot bound stays
+//     zero.
+//   - budget: micro-dollars added to the spend of the scope's current budget
+//     window ('bs') as one reservation, usable for BudgetLife (and never past
+//     the window's end). Requests reserve their maximum cost in the slice;
+//     settlement replaces it by the real cost locally, and the worker gives
+//     back what was not spent. Whatever a slice holds is counted in Redis
+//     from the carve on, so the fleet's spend never exceeds what exact
+//     admission allows.
+//   - concurrency: lease members of this data plane in the scope's lease set
+//     ("<instance>:<n>"), scored by their lease expiry like any request's
+//     lease, renewed by the worker every RenewInterval and removed when given
+//     back. A member is used by one request at a time, so the fleet's count
+//     stays exact; a dead data plane's members expire with the lease TTL.
+//
+// What slices did not use, refunds and debts are returned by the slice
+// worker (RunSlices), in the same carve.lua call that carves the next
+// slices and renews the leases: one call per org, for all of its scopes,
+// every SliceConfig.Tick (when there is anything to send). Carves take at
+// most 1/Share of the room left below the limit less its reserve, so near
+// the limit slices shrink, then stop, and the scope is admitted exactly
+// (admit.lua) again; scopes whose limits are below the Min* settings never
+// leave exact admission. Each kind of limit of a scope is sliced on its
+// own: a request's rpm may come from slices while its budget goes to
+// Redis in the one exact admission call.
 
 // Defaults of SliceConfig.
 const (
-	DefaultSliceMinRPM   = 600
-	DefaultSliceMinTPM   = 60_000
-	DefaultSliceReserve  = 100 // per mille
-	DefaultSliceShare    = 4
-	DefaultSliceTick     = 50 * time.Millisecond
-	DefaultSliceIdle     = 10 * time.Second
-	sliceDeadlineMargin  = 5 * time.Millisecond
-	maxSliceItemsPerCall = 128
+	DefaultSliceMinRPM      = 600
+	DefaultSliceMinTPM      = 60_000
+	DefaultSliceMinParallel = 20
+	DefaultSliceMinBudget   = 1_000_000 // micro-USD: $1
+	DefaultSliceReserve     = 100       // per mille
+	DefaultSliceShare       = 4
+	DefaultSliceTick        = 50 * time.Millisecond
+	DefaultSliceIdle        = 10 * time.Second
+	DefaultSliceLinger      = 500 * time.Millisecond
+	DefaultSliceBudgetLife  = 2 * time.Second
+	sliceDeadlineMargin     = 5 * time.Millisecond
+	maxSliceItemsPerCall    = 128
 )
 
 // SliceConfig configures quota slices; the zero value disables them.
@@ -47,8 +72,15 @@ type SliceConfig struct {
 	// MinRPM and MinTPM: a scope whose rpm (tpm) limit is below is always
 	// admitted exactly.
 	MinRPM, MinTPM int64
+	// MinParallel: a scope whose max_parallel_requests is below is always
+	// admitted exactly.
+	MinParallel int64
+	// MinBudgetMicros: a budget whose cap is below (or a soft budget
+	// alone) is always admitted exactly.
+	MinBudgetMicros int64
 	// Reserve is the part of each limit, per mille, that is never carved:
-	// the last requests of a window are admitted exactly.
+	// the last requests of a window (the last dollars of a budget, the last
+	// slots of a concurrency cap; at least one) are admitted exactly.
 	Reserve int64
 	// Share: one carve takes at most 1/Share of the room left.
 	Share int64
@@ -56,32 +88,47 @@ type SliceConfig struct {
 	Tick time.Duration
 	// Idle: a scope without demand for this long is forgotten.
 	Idle time.Duration
+	// Linger: a scope without demand for this long gives back its free
+	// budget and concurrency slices.
+	Linger time.Duration
+	// BudgetLife is how long a budget slice may be used after its carve.
+	BudgetLife time.Duration
+	// Instance names this data plane's concurrency slots in Redis; empty:
+	// random. It must be unique in the fleet.
+	Instance string
 }
 
 func (c *SliceConfig) defaults() {
-	if c.MinRPM == 0 {
-		c.MinRPM = DefaultSliceMinRPM
+	def := func(p *int64, v int64) {
+		if *p == 0 {
+			*p = v
+		}
 	}
-	if c.MinTPM == 0 {
-		c.MinTPM = DefaultSliceMinTPM
+	def(&c.MinRPM, DefaultSliceMinRPM)
+	def(&c.MinTPM, DefaultSliceMinTPM)
+	def(&c.MinParallel, DefaultSliceMinParallel)
+	def(&c.MinBudgetMicros, DefaultSliceMinBudget)
+	def(&c.Reserve, DefaultSliceReserve)
+	def(&c.Share, DefaultSliceShare)
+	dur := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
 	}
-	if c.Reserve == 0 {
-		c.Reserve = DefaultSliceReserve
-	}
-	if c.Share == 0 {
-		c.Share = DefaultSliceShare
-	}
-	if c.Tick == 0 {
-		c.Tick = DefaultSliceTick
-	}
-	if c.Idle == 0 {
-		c.Idle = DefaultSliceIdle
+	dur(&c.Tick, DefaultSliceTick)
+	dur(&c.Idle, DefaultSliceIdle)
+	dur(&c.Linger, DefaultSliceLinger)
+	dur(&c.BudgetLife, DefaultSliceBudgetLife)
+	if c.Instance == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.Instance = hex.EncodeToString(b[:])
 	}
 }
 
 type sliceKey struct{ org, kind, id string }
 
-// slice is one carve held: units left of bucket, usable until deadline.
+// slice is one rate carve held: units left of bucket, usable until deadline.
 type slice struct {
 	bucket   int64
 	deadline time.Time
@@ -92,10 +139,25 @@ type slice struct {
 // (t < 0: a debt to charge).
 type sliceRet struct{ r, t int64 }
 
+// bslice is one budget carve held: free micro-USD of budget window widx
+// (of the org's epoch), usable until deadline.
+type bslice struct {
+	widx, epoch int64
+	deadline    time.Time
+	free        int64
+}
+
+// bretKey names where a budget return goes: a window of an epoch (a
+// return into a state Redis lost would free what the reseeded window
+// never counted, so carve.lua drops returns of another epoch).
+type bretKey struct{ widx, epoch int64 }
+
 // sliceScope is the local state of one scope.
 type sliceScope struct {
-	key  sliceKey
-	hkey string
+	key   sliceKey
+	hkey  string
+	pkey  string
+	scope ScopeRef
 
 	mu       sync.Mutex
 	rpm, tpm int64  // the limits the held slices were carved under
@@ -108,20 +170,62 @@ type sliceScope struct {
 	rateT    float64
 	lastUse  time.Time
 	inflight bool
-	backoff  time.Time // no carve before (the last one got nothing)
+	backoff  time.Time // no rate carve before (the last one got nothing)
 	// Header state from the last carve: the fleet's remaining outside the
 	// slices and the reset times, as of carvedAt.
 	remR, remT     int64
 	resetR, resetT time.Duration
 	carvedAt       time.Time
+	epoch          int64 // the org's epoch at the last carve (0: none yet)
+
+	// Budget slices.
+	bud      *Budget // the budget the slices were carved under (nil: none)
+	bunit    budget.Unit
+	bgen     uint64
+	bheld    []bslice
+	brets    map[bretKey]int64 // > 0: unused, back to the window; < 0: a debt
+	usedB    int64             // micro-USD reserved since the last tick
+	maxB     int64             // largest reservation seen (decays)
+	rateB    float64
+	bbackoff time.Time
+	alerts   []BudgetAlert // crossed by carves, handed to the next settlement
+
+	// Concurrency slices: members of the scope's lease set.
+	par      int64 // the limit the members were carved under
+	pgen     uint64
+	pfree    []string            // members held and free
+	pall     map[string]struct{} // members held (free or in use)
+	pgone    []string            // members to remove from Redis
+	puse     int64               // members in use
+	pseq     int64               // members named so far
+	psent    time.Time           // when the last renewal of every member was sent (answered)
+	plost    bool                // renewals failed for too long: members unusable
+	pdemand  int64               // peak demand since the last tick
+	ppeak    float64             // decaying peak demand
+	pbackoff time.Time
+	lastPar  time.Time // last concurrency demand
+	lastBud  time.Time // last budget demand
 }
+
+// Kinds of a sliceTake.
+const (
+	takeRate uint8 = iota
+	takeBudget
+	takePar
+)
 
 // sliceTake is the part of a request admitted from a slice of one scope.
 type sliceTake struct {
 	sc     *sliceScope
-	bucket int64
+	kind   uint8
+	bucket int64 // rate: the slice's bucket
 	r, t   int64
 	hasTPM bool
+	// budget: the reservation, its window and epoch
+	cost, widx, epoch int64
+	// concurrency: the member, and the generation it was taken under
+	member string
+	gen    uint64
 }
 
 // slicer holds the slices of one Limiter.
@@ -140,86 +244,165 @@ func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now}
 }
 
-// eligible reports whether a scope's rate limits may be sliced.
-func (s *slicer) eligible(sc *Scope) bool {
+// rateOK reports whether a scope's rate limits may be sliced.
+func (s *slicer) rateOK(sc *Scope) bool {
 	if sc.RPM == 0 && sc.TPM == 0 {
 		return false
 	}
 	return (sc.RPM == 0 || sc.RPM >= s.cfg.MinRPM) && (sc.TPM == 0 || sc.TPM >= s.cfg.MinTPM)
 }
 
-func (s *slicer) scope(org string, sc *Scope) *sliceScope {
-	k := sliceKey{org, sc.Kind, sc.ID}
+// budgetOK reports whether a scope's budget may be sliced.
+func (s *slicer) budgetOK(sc *Scope) bool {
+	return sc.Budget != nil && sc.Budget.CapMicros >= s.cfg.MinBudgetMicros
+}
+
+// parOK reports whether a scope's concurrency limit may be sliced. A
+// deployment's lease set (its max_concurrency and class caps) stays
+// exact: routing reads it fleet-wide as the deployment's load
+// (least_outstanding, engine_load, bounded-load affinity), the prefill in
+// flight is accounted in its lease calls, and slots a proxy held unused
+// would count as load there.
+func (s *slicer) parOK(sc *Scope) bool {
+	return sc.Kind != KindDeployment && sc.MaxParallel >= s.cfg.MinParallel
+}
+
+func (s *slicer) lookup(org string, sc *Scope) *sliceScope {
 	s.mu.RLock()
-	st := s.m[k]
+	st := s.m[sliceKey{org, sc.Kind, sc.ID}]
 	s.mu.RUnlock()
-	if st != nil {
+	return st
+}
+
+func (s *slicer) scope(org string, sc *Scope) *sliceScope {
+	if st := s.lookup(org, sc); st != nil {
 		return st
 	}
+	k := sliceKey{org, sc.Kind, sc.ID}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st = s.m[k]; st == nil {
+	st := s.m[k]
+	if st == nil {
 		kb := newKeyBuilder(s.lim.cfg.KeyPrefix, org)
-		st = &sliceScope{key: k, hkey: kb.scope(sc)[0], rpm: sc.RPM, tpm: sc.TPM, rets: map[int64]sliceRet{}}
+		keys := kb.scope(sc)
+		st = &sliceScope{key: k, hkey: keys[0], pkey: keys[1], scope: ScopeRef{Kind: sc.Kind, ID: sc.ID},
+			rpm: sc.RPM, tpm: sc.TPM, par: sc.MaxParallel, bud: cloneBudget(sc.Budget),
+			rets: map[int64]sliceRet{}, brets: map[bretKey]int64{}, pall: map[string]struct{}{}}
+		if st.bud != nil {
+			st.bunit, _ = budget.ParseWindow(st.bud.Window) // validated by Admit
+		}
 		s.m[k] = st
 	}
 	return st
 }
 
-// take admits req's rate limits from slices where it can: it returns the
-// takes and the request Redis must still check (rate limits taken locally
-// zeroed; nil scopes left out entirely when nothing is left to check).
-// headers are the local rate headers of the scopes taken. Scopes that
-// could not be taken record their demand, so the worker carves for them.
+func cloneBudget(b *Budget) *Budget {
+	if b == nil {
+		return nil
+	}
+	c := *b
+	return &c
+}
+
+func sameBudget(a, b *Budget) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// take admits what it can of req's limits from slices: it returns the
+// takes and the request Redis must still check (limits taken locally
+// zeroed; scopes left with nothing to check left out). headers are the
+// local rate headers of the scopes taken. Limits that could not be taken
+// record their demand, so the worker carves for them.
 func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders) {
 	now := s.now()
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
-		if !s.eligible(sc) {
-			if sc.RPM > 0 || sc.TPM > 0 {
-				s.ineligible(req.OrgID, sc)
+		okR, okB, okP := s.rateOK(sc), s.budgetOK(sc), s.parOK(sc)
+		if !okR && !okB && !okP {
+			if st := s.lookup(req.OrgID, sc); st != nil {
+				st.mu.Lock()
+				st.limitsLocked(sc)
+				st.mu.Unlock()
 			}
 			continue
 		}
 		st := s.scope(req.OrgID, sc)
-		needT := int64(0)
-		if sc.TPM > 0 {
-			needT = req.EstTokens
-		}
-		needR := int64(0)
-		if sc.RPM > 0 {
-			needR = 1
-		}
 		st.mu.Lock()
-		if st.rpm != sc.RPM || st.tpm != sc.TPM {
-			// The limits changed (admin API, snapshot): slices carved
-			// under the old ones are returned, none is used again.
-			st.revokeLocked()
-			st.rpm, st.tpm = sc.RPM, sc.TPM
-		}
-		st.usedR += needR
-		st.usedT += needT
-		st.lastUse = now
-		ok := false
-		for j := range st.held {
-			h := &st.held[j]
-			if h.deadline.After(now) && h.r >= needR && h.t >= needT {
-				h.r -= needR
-				h.t -= needT
-				takes = append(takes, sliceTake{sc: st, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
-				ok = true
-				break
+		// The limits changed (admin API, snapshot): slices carved under
+		// the old ones are returned, none is used again.
+		st.limitsLocked(sc)
+		tookR, tookB, tookP := false, false, false
+		if okR {
+			needT := int64(0)
+			if sc.TPM > 0 {
+				needT = req.EstTokens
+			}
+			needR := int64(0)
+			if sc.RPM > 0 {
+				needR = 1
+			}
+			st.usedR += needR
+			st.usedT += needT
+			st.lastUse = now
+			for j := range st.held {
+				h := &st.held[j]
+				if h.deadline.After(now) && h.r >= needR && h.t >= needT {
+					h.r -= needR
+					h.t -= needT
+					takes = append(takes, sliceTake{sc: st, kind: takeRate, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
+					tookR = true
+					break
+				}
+			}
+			if tookR {
+				st.headersLocked(now, sc, &hdr)
 			}
 		}
-		if ok {
-			st.headersLocked(now, sc, &hdr)
+		if okB {
+			cost := req.MaxCostMicros
+			st.usedB += cost
+			st.maxB = max(st.maxB, cost)
+			st.lastUse, st.lastBud = now, now
+			for j := range st.bheld {
+				h := &st.bheld[j]
+				if h.deadline.After(now) && h.free >= cost {
+					h.free -= cost
+					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch})
+					tookB = true
+					break
+				}
+			}
+		}
+		if okP {
+			st.lastUse, st.lastPar = now, now
+			if n := len(st.pfree); n > 0 && st.parUsableLocked(now, s.lim.cfg.RenewInterval) {
+				m := st.pfree[n-1]
+				st.pfree = st.pfree[:n-1]
+				st.puse++
+				takes = append(takes, sliceTake{sc: st, kind: takePar, member: m, gen: st.pgen})
+				tookP = true
+				st.pdemand = max(st.pdemand, st.puse)
+			} else {
+				st.pdemand = max(st.pdemand, st.puse+1)
+			}
 		}
 		st.mu.Unlock()
-		if ok {
+		if tookR || tookB || tookP {
 			if rest == nil {
 				rest = append(make([]Scope, 0, len(req.Scopes)), req.Scopes...)
 			}
-			rest[i].RPM, rest[i].TPM = 0, 0
+			if tookR {
+				rest[i].RPM, rest[i].TPM = 0, 0
+			}
+			if tookB {
+				rest[i].Budget = nil
+			}
+			if tookP {
+				rest[i].MaxParallel = 0
+			}
 		}
 	}
 	if rest == nil {
@@ -234,24 +417,34 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 	return takes, out, hdr
 }
 
-// ineligible revokes the slices of a scope whose limits changed to
-// values that are not sliced (below MinRPM / MinTPM): none is used again,
-// and the worker stops carving for it.
-func (s *slicer) ineligible(org string, sc *Scope) {
-	s.mu.RLock()
-	st := s.m[sliceKey{org, sc.Kind, sc.ID}]
-	s.mu.RUnlock()
-	if st == nil {
-		return
-	}
-	st.mu.Lock()
+// limitsLocked revokes the slices of each kind whose limits changed (to
+// any value: a lowered limit must not be admitted from slices carved under
+// the old one; a raised one carves anew).
+func (st *sliceScope) limitsLocked(sc *Scope) {
 	if st.rpm != sc.RPM || st.tpm != sc.TPM {
 		st.revokeLocked()
 		st.rpm, st.tpm = sc.RPM, sc.TPM
-		st.lastUse = time.Time{}
-		st.usedR, st.usedT = 0, 0
 	}
-	st.mu.Unlock()
+	if !sameBudget(st.bud, sc.Budget) {
+		st.revokeBudgetLocked()
+		st.bud = cloneBudget(sc.Budget)
+		st.bunit = budget.Unit{}
+		if st.bud != nil {
+			st.bunit, _ = budget.ParseWindow(st.bud.Window)
+		}
+	}
+	if st.par != sc.MaxParallel {
+		st.revokeParLocked()
+		st.par = sc.MaxParallel
+	}
+}
+
+// parUsableLocked reports whether a free member may be given to a new
+// request: its lease was renewed within two renew intervals (so a data
+// plane that cannot reach Redis stops admitting from its slots within
+// about 2 s, as it stops admitting exactly at once).
+func (st *sliceScope) parUsableLocked(now time.Time, interval time.Duration) bool {
+	return !st.plost && now.Before(st.psent.Add(2*interval))
 }
 
 // headersLocked merges the scope's local view into hdr (least remaining
@@ -291,14 +484,34 @@ func mergeHeaders(a, b RateHeaders) RateHeaders {
 	return a
 }
 
-// revokeLocked gives every held slice back (returned by the next carve
-// call) and makes replies of carves in flight go back too.
+// revokeLocked gives every held rate slice back (returned by the next
+// carve call) and makes replies of carves in flight go back too.
 func (st *sliceScope) revokeLocked() {
 	for _, h := range st.held {
 		st.retLocked(h.bucket, h.r, h.t)
 	}
 	st.held = st.held[:0]
 	st.gen++
+}
+
+// revokeBudgetLocked gives the free part of every budget slice back.
+func (st *sliceScope) revokeBudgetLocked() {
+	for _, h := range st.bheld {
+		st.bretLocked(h.widx, h.epoch, h.free)
+	}
+	st.bheld = st.bheld[:0]
+	st.bgen++
+}
+
+// revokeParLocked gives every free member back; members in use go back
+// when their requests end.
+func (st *sliceScope) revokeParLocked() {
+	for _, m := range st.pfree {
+		delete(st.pall, m)
+		st.pgone = append(st.pgone, m)
+	}
+	st.pfree = st.pfree[:0]
+	st.pgen++
 }
 
 func (st *sliceScope) retLocked(bucket, r, t int64) {
@@ -311,8 +524,15 @@ func (st *sliceScope) retLocked(bucket, r, t int64) {
 	st.rets[bucket] = x
 }
 
-// giveBack returns r requests and t tokens (t < 0: a debt) of a take:
-// into its slice while that is held and usable, else to Redis.
+func (st *sliceScope) bretLocked(widx, epoch, amount int64) {
+	if amount == 0 {
+		return
+	}
+	st.brets[bretKey{widx, epoch}] += amount
+}
+
+// giveBack returns r requests and t tokens (t < 0: a debt) of a rate
+// take: into its slice while that is held and usable, else to Redis.
 func (s *slicer) giveBack(tk sliceTake, r, t int64) {
 	st := tk.sc
 	now := s.now()
@@ -331,32 +551,128 @@ func (s *slicer) giveBack(tk sliceTake, r, t int64) {
 	st.retLocked(tk.bucket, r, t)
 }
 
-// rollback undoes takes (the rest of the admission rejected or failed).
-func (s *slicer) rollback(takes []sliceTake) {
-	for _, tk := range takes {
-		s.giveBack(tk, tk.r, tk.t)
+// giveBackBudget returns amount micro-USD of a budget take (< 0: a debt):
+// into its slice while that is held and usable, else to Redis.
+func (s *slicer) giveBackBudget(tk sliceTake, amount int64) {
+	st := tk.sc
+	now := s.now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if amount > 0 {
+		for j := range st.bheld {
+			h := &st.bheld[j]
+			if h.widx == tk.widx && h.epoch == tk.epoch && h.deadline.After(now) {
+				h.free += amount
+				return
+			}
+		}
 	}
+	st.bretLocked(tk.widx, tk.epoch, amount)
 }
 
-// settle reconciles the local takes of a request: the token estimate is
-// replaced by the real count; a cancelled request gives everything back.
-func (s *slicer) settle(takes []sliceTake, tokens int64, cancel bool) {
+// releasePar ends a request's use of a member: free again, or given back
+// when the scope's limit changed or its members are no longer renewed.
+func (s *slicer) releasePar(tk sliceTake) {
+	st := tk.sc
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.puse--
+	if _, held := st.pall[tk.member]; !held {
+		return // dropped (renewals failed): it expires in Redis by itself
+	}
+	if tk.gen == st.pgen && !st.plost {
+		st.pfree = append(st.pfree, tk.member)
+		return
+	}
+	delete(st.pall, tk.member)
+	st.pgone = append(st.pgone, tk.member)
+}
+
+// rollback undoes takes (the rest of the admission rejected or failed).
+func (s *slicer) rollback(takes []sliceTake) {
+	s.settle(takes, 0, 0, true)
+}
+
+// settle reconciles the local takes of a request: the token estimate and
+// the cost reservation are replaced by the real usage, the members freed;
+// a cancelled request gives everything back. It returns the budget alerts
+// carves of these scopes crossed since the last settlement.
+func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []BudgetAlert {
+	var alerts []BudgetAlert
 	for _, tk := range takes {
-		switch {
-		case cancel:
-			s.giveBack(tk, tk.r, tk.t)
-		case tk.hasTPM:
-			if d := tk.t - max(tokens, 0); d != 0 {
-				s.giveBack(tk, 0, d)
+		switch tk.kind {
+		case takeRate:
+			switch {
+			case cancel:
+				s.giveBack(tk, tk.r, tk.t)
+			case tk.hasTPM:
+				if d := tk.t - max(tokens, 0); d != 0 {
+					s.giveBack(tk, 0, d)
+				}
+			}
+		case takeBudget:
+			d := tk.cost
+			if !cancel {
+				d = tk.cost - max(cost, 0)
+			}
+			if d != 0 {
+				s.giveBackBudget(tk, d)
+			}
+			if !cancel {
+				tk.sc.mu.Lock()
+				alerts = append(alerts, tk.sc.alerts...)
+				tk.sc.alerts = nil
+				tk.sc.mu.Unlock()
+			}
+		case takePar:
+			s.releasePar(tk)
+		}
+	}
+	return alerts
+}
+
+// requeueAlerts puts back alerts a settlement could not report (its
+// exact part failed): the next settlement of the scope reports them.
+func (s *slicer) requeueAlerts(takes []sliceTake, alerts []BudgetAlert) {
+	for _, a := range alerts {
+		for _, tk := range takes {
+			if tk.kind == takeBudget && tk.sc.scope == a.Scope {
+				tk.sc.mu.Lock()
+				tk.sc.alerts = append(tk.sc.alerts, a)
+				tk.sc.mu.Unlock()
+				break
 			}
 		}
 	}
 }
 
+// renewLocal is Renew for the parts of a lease held in slices: a member
+// whose lease the worker could not renew in time is lost (RenewLost: the
+// caller stops the request before another data plane may get the slot).
+func (s *slicer) renewLocal(takes []sliceTake) RenewState {
+	now := s.now()
+	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
+	for _, tk := range takes {
+		if tk.kind != takePar {
+			continue
+		}
+		st := tk.sc
+		st.mu.Lock()
+		_, held := st.pall[tk.member]
+		lost := !held || !now.Before(st.psent.Add(ttl-iv))
+		st.mu.Unlock()
+		if lost {
+			return RenewLost
+		}
+	}
+	return RenewExtended
+}
+
 // RunSlices runs the slice worker until ctx ends: every SliceConfig.Tick
-// it returns what slices did not use and carves new ones for the scopes
-// in demand, one carve.lua call per org. On return, every held slice is
-// given back (one last call). It returns at once when slices are off.
+// it returns what slices did not use, renews the concurrency slots held
+// and carves new slices for the scopes in demand, one carve.lua call per
+// org. On return, every free slice is given back (one last call). It
+// returns at once when slices are off.
 func (l *Limiter) RunSlices(ctx context.Context) error {
 	s := l.slices
 	if s == nil {
@@ -382,7 +698,9 @@ func (s *slicer) release() {
 	for _, st := range s.m {
 		st.mu.Lock()
 		st.revokeLocked()
-		st.usedR, st.usedT, st.rateR, st.rateT = 0, 0, 0, 0
+		st.revokeBudgetLocked()
+		st.revokeParLocked()
+		st.usedR, st.usedT, st.rateR, st.rateT, st.usedB, st.rateB = 0, 0, 0, 0, 0, 0
 		st.mu.Unlock()
 	}
 	s.mu.RUnlock()
@@ -398,20 +716,38 @@ type carveItem struct {
 	rpm, tpm     int64
 	wantR, wantT int64
 	rets         map[int64]sliceRet
-	sent         time.Time
+	// budget
+	bgen  uint64
+	bud   *Budget
+	bunit budget.Unit
+	wantB int64
+	brets map[bretKey]int64
+	// concurrency
+	pgen   uint64
+	par    int64
+	wantP  int64
+	pseq   int64    // the first new member's number
+	renew  []string // members to renew (every member held)
+	gone   []string // members to remove
+	sent   time.Time
+	epoch  int64 // the epoch the scope's slices were carved in
+	parRen bool
 }
 
-// tick expires slices, updates demand and sends returns and carves.
+// tick expires slices, updates demand and sends returns, renewals and
+// carves.
 func (s *slicer) tick(ctx context.Context, final bool) {
 	now := s.now()
 	tickSec := s.cfg.Tick.Seconds()
 	bucket := s.lim.cfg.rateBucket
+	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
 	byOrg := map[string][]carveItem{}
 	var idle []sliceKey
 	s.mu.RLock()
 	for k, st := range s.m {
 		st.mu.Lock()
-		// Expired slices: what they did not use goes back.
+		const alpha = 0.2
+		// Rate: expired slices give back what they did not use.
 		kept := st.held[:0]
 		for _, h := range st.held {
 			if h.deadline.After(now) {
@@ -421,15 +757,17 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			}
 		}
 		st.held = kept
-		const alpha = 0.2
 		st.rateR = (1-alpha)*st.rateR + alpha*float64(st.usedR)/tickSec
 		st.rateT = (1-alpha)*st.rateT + alpha*float64(st.usedT)/tickSec
+		st.rateB = (1-alpha)*st.rateB + alpha*float64(st.usedB)/tickSec
 		// Hot: demand within the last bucket (an idle scope stops carving
 		// at once and gives back what it holds when it expires).
-		hot := st.usedR > 0 || st.usedT > 0 || now.Sub(st.lastUse) < bucket
-		st.usedR, st.usedT = 0, 0
-		it := carveItem{st: st, gen: st.gen, rpm: st.rpm, tpm: st.tpm, sent: now}
-		if hot && !final && !st.inflight && !now.Before(st.backoff) {
+		hot := st.usedR > 0 || st.usedT > 0 || st.usedB > 0 || now.Sub(st.lastUse) < bucket
+		st.usedR, st.usedT, st.usedB = 0, 0, 0
+		it := carveItem{st: st, gen: st.gen, rpm: st.rpm, tpm: st.tpm, bgen: st.bgen, pgen: st.pgen, par: st.par, sent: now, epoch: st.epoch}
+		rateOn := st.rpm > 0 || st.tpm > 0
+		if hot && !final && rateOn && (st.rpm == 0 || st.rpm >= s.cfg.MinRPM) && (st.tpm == 0 || st.tpm >= s.cfg.MinTPM) &&
+			!st.inflight && !now.Before(st.backoff) {
 			// Enough for the life of a slice (up to 1.5 buckets) at the
 			// recent rate, with headroom.
 			horizon := 2 * bucket.Seconds()
@@ -447,10 +785,22 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			it.rets = st.rets
 			st.rets = map[int64]sliceRet{}
 		}
-		if it.wantR > 0 || it.wantT > 0 || it.rets != nil {
+		s.tickBudgetLocked(st, &it, now, final)
+		s.tickParLocked(st, &it, now, final, ttl, iv, tickSec)
+		if st.bud != nil && (it.wantB > 0 || it.brets != nil) {
+			it.bud, it.bunit = st.bud, st.bunit
+		}
+		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil ||
+			it.wantP > 0 || it.gone != nil || it.parRen
+		if send && !st.inflight {
 			st.inflight = true
 			byOrg[k.org] = append(byOrg[k.org], it)
-		} else if !hot && len(st.held) == 0 && now.Sub(st.lastUse) > s.cfg.Idle {
+		} else if send {
+			// A call of this scope is in flight: what this tick collected
+			// waits for the next.
+			st.requeueLocked(&it)
+		} else if !hot && len(st.held) == 0 && len(st.bheld) == 0 && len(st.pall) == 0 && st.puse == 0 &&
+			now.Sub(st.lastUse) > s.cfg.Idle {
 			idle = append(idle, k)
 		}
 		st.mu.Unlock()
@@ -461,7 +811,8 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 		for _, k := range idle {
 			if st := s.m[k]; st != nil {
 				st.mu.Lock()
-				if len(st.held) == 0 && len(st.rets) == 0 && !st.inflight && s.now().Sub(st.lastUse) > s.cfg.Idle {
+				if len(st.held) == 0 && len(st.rets) == 0 && len(st.bheld) == 0 && len(st.brets) == 0 && len(st.pall) == 0 &&
+					len(st.pgone) == 0 && st.puse == 0 && !st.inflight && s.now().Sub(st.lastUse) > s.cfg.Idle {
 					delete(s.m, k)
 				}
 				st.mu.Unlock()
@@ -471,6 +822,110 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 	}
 	if len(byOrg) > 0 {
 		s.carve(ctx, byOrg)
+	}
+}
+
+// requeueLocked puts back what a tick collected for a call it could not
+// send (one call per scope at a time).
+func (st *sliceScope) requeueLocked(it *carveItem) {
+	for b, x := range it.rets {
+		st.retLocked(b, x.r, x.t)
+	}
+	for k, x := range it.brets {
+		st.bretLocked(k.widx, k.epoch, x)
+	}
+	st.pgone = append(st.pgone, it.gone...)
+}
+
+// tickBudgetLocked expires budget slices, gives back the free ones of a
+// scope without demand, and decides the budget carve of it.
+func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool) {
+	linger := now.Sub(st.lastBud) > s.cfg.Linger
+	kept := st.bheld[:0]
+	for _, h := range st.bheld {
+		if h.deadline.After(now) && !linger {
+			kept = append(kept, h)
+		} else {
+			st.bretLocked(h.widx, h.epoch, h.free)
+		}
+	}
+	st.bheld = kept
+	st.maxB = st.maxB * 15 / 16
+	if len(st.brets) > 0 {
+		it.brets = st.brets
+		st.brets = map[bretKey]int64{}
+	}
+	if final || linger || st.bud == nil || st.bud.CapMicros < s.cfg.MinBudgetMicros || st.inflight || now.Before(st.bbackoff) {
+		return
+	}
+	// Enough for the life of a slice at the recent rate, and for a few
+	// requests as large as the largest seen.
+	want := int64(math.Ceil(st.rateB*s.cfg.BudgetLife.Seconds())) + 4*st.maxB + 1
+	var free int64
+	var last time.Time
+	for _, h := range st.bheld {
+		free += h.free
+		if h.deadline.After(last) {
+			last = h.deadline
+		}
+	}
+	if len(st.bheld) == 0 || last.Sub(now) < s.cfg.BudgetLife/2 || free < want/2 {
+		it.wantB = want
+	}
+}
+
+// tickParLocked decides the concurrency part of a scope's call: members
+// to renew (every held one, once per renew interval), to give back (free
+// ones beyond twice the demand, all of them once the scope lingers) and
+// to carve (up to one and a half times the peak demand).
+func (s *slicer) tickParLocked(st *sliceScope, it *carveItem, now time.Time, final bool, ttl, iv time.Duration, tickSec float64) {
+	_ = tickSec
+	st.ppeak = max(float64(st.pdemand), st.ppeak*0.97)
+	st.pdemand = st.puse
+	if len(st.pall) > 0 && !st.plost && !now.Before(st.psent.Add(ttl-iv)) {
+		// Renewals failed for a whole lease TTL less a renew interval: the
+		// members may be given away; none is used again, and the ones in
+		// use make their requests stop (renewLocal).
+		st.plost = true
+		for m := range st.pall {
+			delete(st.pall, m)
+		}
+		st.pfree = st.pfree[:0]
+	}
+	if st.plost && len(st.pall) == 0 && st.puse == 0 {
+		st.plost = false // a fresh start: new members get new names
+	}
+	linger := now.Sub(st.lastPar) > s.cfg.Linger
+	target := int64(math.Ceil(1.5*st.ppeak)) + 2
+	if linger || final || st.par < s.cfg.MinParallel {
+		target = 0
+	}
+	held := int64(len(st.pall))
+	if excess := held - max(2*target, target+2); excess > 0 || target == 0 {
+		if target == 0 {
+			excess = int64(len(st.pfree))
+		}
+		for ; excess > 0 && len(st.pfree) > 0; excess-- {
+			m := st.pfree[len(st.pfree)-1]
+			st.pfree = st.pfree[:len(st.pfree)-1]
+			delete(st.pall, m)
+			st.pgone = append(st.pgone, m)
+		}
+	}
+	if len(st.pgone) > 0 {
+		it.gone = st.pgone
+		st.pgone = nil
+	}
+	if len(st.pall) > 0 && now.Sub(st.psent) >= iv-s.cfg.Tick && !final {
+		it.parRen = true
+		it.renew = make([]string, 0, len(st.pall))
+		for m := range st.pall {
+			it.renew = append(it.renew, m)
+		}
+	}
+	if !final && !st.plost && target > 0 && held < target && !st.inflight && !now.Before(st.pbackoff) {
+		it.wantP = target - held
+		it.pseq = st.pseq
 	}
 }
 
@@ -509,7 +964,10 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 	for _, g := range groups {
 		n += len(g)
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout*time.Duration(1+n/32))
+	// Off the request path: a worker call has four call timeouts (and one
+	// more per 32 scopes), so a busy Redis that times out admissions still
+	// answers the carves that take the load off it.
+	cctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout*time.Duration(4+n/32))
 	defer cancel()
 	sent := s.now()
 	s.calls.Add(int64(len(calls)))
@@ -519,45 +977,161 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 	}
 	for g, items := range groups {
 		v := vals[g]
-		if errs[g] != nil || len(v) != 1+8*len(items) {
-			// Nothing is known to be carved; the returns are kept for
-			// the next call (a return applied twice would free units
-			// in use, so a call that may have run is not retried:
-			// its returns are dropped, which only under-admits).
-			for _, it := range items {
-				it.st.mu.Lock()
-				it.st.inflight = false
-				it.st.backoff = sent.Add(s.cfg.Tick * 4)
-				it.st.mu.Unlock()
-			}
+		if errs[g] != nil || len(v) < 1 {
+			s.carveFailed(items, sent)
 			continue
 		}
-		for j, it := range items {
-			o := v[1+8*j : 9+8*j]
-			st := it.st
-			st.mu.Lock()
-			st.inflight = false
-			gr, gt, b, life := o[0], o[1], o[2], time.Duration(o[3])*time.Millisecond
-			if gr > 0 || gt > 0 {
-				if st.gen != it.gen {
-					// Revoked while in flight: straight back.
-					st.retLocked(b, gr, gt)
-				} else {
-					st.addLocked(slice{bucket: b, deadline: it.sent.Add(life - sliceDeadlineMargin), r: gr, t: gt})
-				}
-			} else if it.wantR > 0 || it.wantT > 0 {
-				// Near the limit (or below the reserve): exact admission
-				// until the window has room again.
-				st.backoff = sent.Add(s.lim.cfg.rateBucket / 2)
+		epoch := v[0]
+		j := 1
+		ok := true
+		for _, it := range items {
+			if j+carveFixed > len(v) || j+carveFixed+2*int(v[j+carveFixed-1]) > len(v) {
+				ok = false
+				break
 			}
-			if st.gen == it.gen {
-				st.remR, st.resetR = o[4], time.Duration(o[5])*time.Millisecond
-				st.remT, st.resetT = o[6], time.Duration(o[7])*time.Millisecond
-				st.carvedAt = sent
-			}
-			st.mu.Unlock()
+			o := v[j : j+carveFixed]
+			na := int(o[carveFixed-1])
+			al := v[j+carveFixed : j+carveFixed+2*na]
+			j += carveFixed + 2*na
+			s.applyCarve(it, o, al, epoch, sent)
+		}
+		if !ok || j != len(v) {
+			// Nothing is known of the items not applied: as for a failed call.
+			s.carveFailed(items, sent)
 		}
 	}
+}
+
+// carveFailed handles items whose call failed: nothing is known to be
+// carved; the rate and budget returns are dropped (a return applied twice
+// would free units in use, so a call that may have run is not retried:
+// dropping only under-admits), members to remove are kept for the next
+// call (removing twice is harmless).
+func (s *slicer) carveFailed(items []carveItem, sent time.Time) {
+	for _, it := range items {
+		st := it.st
+		st.mu.Lock()
+		if st.inflight {
+			st.inflight = false
+			st.backoff = sent.Add(s.cfg.Tick * 4)
+			st.bbackoff = st.backoff
+			st.pbackoff = st.backoff
+			st.pgone = append(st.pgone, it.gone...)
+			if it.wantP > 0 {
+				// The call may have added the members: the next call
+				// removes them (removing a missing one is harmless).
+				for q := int64(0); q < it.wantP; q++ {
+					st.pgone = append(st.pgone, s.member(it.pseq+q))
+				}
+				st.pseq = it.pseq + it.wantP
+			}
+			// Debts are kept (charging one twice only under-admits);
+			// unused budget going back is dropped.
+			for k, x := range it.brets {
+				if x < 0 {
+					st.bretLocked(k.widx, k.epoch, x)
+				}
+			}
+		}
+		st.mu.Unlock()
+	}
+}
+
+// carveFixed is the number of fixed values per item in carve.lua's reply
+// (the last one is the number of alert pairs that follow).
+const carveFixed = 15
+
+// applyCarve applies one item's reply: o the fixed values, al the alert
+// pairs.
+func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.Time) {
+	st := it.st
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !st.inflight {
+		return // applied by carveFailed already (malformed reply)
+	}
+	st.inflight = false
+	if st.epoch != 0 && st.epoch != epoch {
+		// Redis lost the org's state: budget slices carved before it are
+		// gone from the spend, and returns into the new state would free
+		// what it never counted. Members are re-asserted by this call's
+		// renewal (as live requests' leases are by Renew).
+		st.bheld = st.bheld[:0]
+		st.brets = map[bretKey]int64{}
+		st.bgen++
+	}
+	st.epoch = epoch
+	// Rate.
+	gr, gt, b, life := o[0], o[1], o[2], time.Duration(o[3])*time.Millisecond
+	if gr > 0 || gt > 0 {
+		if st.gen != it.gen {
+			// Revoked while in flight: straight back.
+			st.retLocked(b, gr, gt)
+		} else {
+			st.addLocked(slice{bucket: b, deadline: it.sent.Add(life - sliceDeadlineMargin), r: gr, t: gt})
+		}
+	} else if it.wantR > 0 || it.wantT > 0 {
+		// Near the limit (or below the reserve): exact admission until the
+		// window has room again.
+		st.backoff = sent.Add(s.lim.cfg.rateBucket / 2)
+	}
+	if st.gen == it.gen {
+		st.remR, st.resetR = o[4], time.Duration(o[5])*time.Millisecond
+		st.remT, st.resetT = o[6], time.Duration(o[7])*time.Millisecond
+		st.carvedAt = sent
+	}
+	// Budget.
+	gb, widx, toEnd := o[8], o[9], time.Duration(o[10])*time.Millisecond
+	if gb > 0 {
+		if st.bgen != it.bgen {
+			st.bretLocked(widx, epoch, gb)
+		} else {
+			life := min(s.cfg.BudgetLife, toEnd)
+			st.bheld = append(st.bheld, bslice{widx: widx, epoch: epoch, deadline: it.sent.Add(life - sliceDeadlineMargin), free: gb})
+		}
+	} else if it.wantB > 0 {
+		st.bbackoff = sent.Add(s.lim.cfg.rateBucket / 2)
+	}
+	for k := 0; k+1 < len(al); k += 2 {
+		if it.bud == nil {
+			break
+		}
+		st.alerts = append(st.alerts, BudgetAlert{Scope: st.scope, Percent: al[k], SpendMicros: al[k+1],
+			CapMicros: it.bud.CapMicros, SoftMicros: it.bud.SoftMicros, Window: it.bud.Window})
+	}
+	// Concurrency.
+	gp := o[12]
+	if it.parRen && !st.plost {
+		st.psent = it.sent
+	}
+	if it.wantP > 0 {
+		st.pseq = it.pseq + it.wantP
+	}
+	if gp > 0 {
+		if len(st.pall) == 0 || !it.parRen {
+			// Members carved with no renewal in the call: their lease runs
+			// from this carve.
+			if len(st.pall) == 0 {
+				st.psent = it.sent
+			}
+		}
+		for q := int64(0); q < gp; q++ {
+			m := s.member(it.pseq + q)
+			if st.pgen != it.pgen || st.plost {
+				st.pgone = append(st.pgone, m)
+				continue
+			}
+			st.pall[m] = struct{}{}
+			st.pfree = append(st.pfree, m)
+		}
+	} else if it.wantP > 0 {
+		st.pbackoff = sent.Add(s.lim.cfg.rateBucket / 2)
+	}
+}
+
+// member names this data plane's concurrency slot n.
+func (s *slicer) member(n int64) string {
+	return "~" + s.cfg.Instance + ":" + strconv.FormatInt(n, 10)
 }
 
 // addLocked adds a carved slice, merged with a held one of its bucket.
@@ -578,16 +1152,24 @@ func (st *sliceScope) addLocked(x slice) {
 // carveCall builds the carve.lua call of items (one org).
 func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 	kb := newKeyBuilder(s.lim.cfg.KeyPrefix, org)
-	keys := make([]string, 0, 1+len(items))
+	keys := make([]string, 0, 1+2*len(items))
 	keys = append(keys, kb.epoch())
+	th := s.lim.cfg.AlertThresholds
 	args := newArgv()
 	args.int(ms(s.lim.cfg.rateWindow))
 	args.int(ms(s.lim.cfg.rateBucket))
 	args.int(int64(len(items)))
 	args.int(s.cfg.Reserve)
 	args.int(s.cfg.Share)
+	args.int(ms(s.lim.cfg.LeaseTTL))
+	args.int(ms(s.lim.cfg.Quarantine))
+	args.str("~" + s.cfg.Instance + ":")
+	args.int(int64(len(th)))
+	for _, p := range th {
+		args.int(p)
+	}
 	for _, it := range items {
-		keys = append(keys, it.st.hkey)
+		keys = append(keys, it.st.hkey, it.st.pkey)
 		args.int(it.rpm)
 		args.int(it.tpm)
 		args.int(it.wantR)
@@ -598,6 +1180,37 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 			args.int(x.r)
 			args.int(x.t)
 		}
+		if it.bud == nil {
+			args.str("-")
+			args.int(0)
+			args.int(0)
+			args.int(0)
+			args.int(0)
+			args.int(0)
+		} else {
+			args.str(it.bunit.Unit)
+			args.int(it.bunit.N)
+			args.int(it.bud.CapMicros)
+			args.int(it.bud.SoftMicros)
+			args.int(it.wantB)
+			args.int(int64(len(it.brets)))
+			for k, x := range it.brets {
+				args.int(k.widx)
+				args.int(k.epoch)
+				args.int(x)
+			}
+		}
+		args.int(it.par)
+		args.int(it.wantP)
+		args.int(it.pseq)
+		args.int(int64(len(it.renew)))
+		for _, m := range it.renew {
+			args.str(m)
+		}
+		args.int(int64(len(it.gone)))
+		for _, m := range it.gone {
+			args.str(m)
+		}
 	}
 	return scriptCall{keys: keys, args: args}
 }
@@ -607,6 +1220,13 @@ type SliceStats struct {
 	Scopes         int
 	HeldR, HeldT   int64
 	PendingReturns int
+	// HeldBudgetMicros is the free part of the budget slices held;
+	// HeldSlots the concurrency slots held (free or in use), SlotsInUse
+	// those in use.
+	HeldBudgetMicros      int64
+	HeldSlots, SlotsInUse int64
+	// InFlight counts the scopes with a carve call in flight.
+	InFlight int
 	// Calls counts the slice worker's carve.lua calls so far.
 	Calls int64
 }
@@ -631,7 +1251,17 @@ func (l *Limiter) SliceStats() SliceStats {
 				out.HeldT += h.t
 			}
 		}
-		out.PendingReturns += len(st.rets)
+		for _, h := range st.bheld {
+			if h.deadline.After(now) {
+				out.HeldBudgetMicros += h.free
+			}
+		}
+		out.HeldSlots += int64(len(st.pall))
+		out.SlotsInUse += st.puse
+		out.PendingReturns += len(st.rets) + len(st.brets) + len(st.pgone)
+		if st.inflight {
+			out.InFlight++
+		}
 		st.mu.Unlock()
 	}
 	return out

@@ -56,8 +56,15 @@ type sliceFleet struct {
 
 func newSliceFleet(t *testing.T, n int, window, bucket time.Duration, sc SliceConfig, run bool) *sliceFleet {
 	t.Helper()
+	return newSliceFleetCfg(t, n, func(c *Config) { c.rateWindow, c.rateBucket = window, bucket }, sc, run)
+}
+
+// newSliceFleetCfg is newSliceFleet with the limiters' config adjusted by
+// mod.
+func newSliceFleetCfg(t *testing.T, n int, mod func(*Config), sc SliceConfig, run bool) *sliceFleet {
+	t.Helper()
 	sc.Enabled = true
-	b := setup(t, func(c *Config) { c.rateWindow, c.rateBucket = window, bucket })
+	b := setup(t, mod)
 	f := &sliceFleet{b: b}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

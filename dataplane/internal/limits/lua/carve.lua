@@ -1,32 +1,63 @@
--- carve.lua: return and carve quota slices of rpm/tpm windows for many
--- scopes of one org in one call (slices.go; docs/limits.md, "Quota
--- slices").
+-- carve.lua: return, renew and carve quota slices of many scopes of one
+-- org in one call (slices.go; docs/limits.md, "Quota slices").
 --
--- A slice is consumption carved in advance: its requests and tokens are
--- added to one bucket of the scope's window, exactly as if that many
--- requests (tokens) had been admitted in that bucket, and the data plane
--- that carved it admits locally against it until that bucket ends. What it
--- did not use is returned to the same bucket afterwards (a refund, as
--- settle.lua refunds a cancelled admission); token estimates exceeded by
--- real usage are charged (a debt) the same way settle.lua does. A slice is
--- carved only from the room left below limit x (1 - reserve), a share of
--- it at a time, so near the limit slices shrink and stop, and the scope
--- falls back to exact per-request admission (admit.lua).
+-- rpm/tpm: a slice is consumption carved in advance: its requests and
+-- tokens are added to one bucket of the scope's window, exactly as if that
+-- many requests (tokens) had been admitted in that bucket, and the data
+-- plane that carved it admits locally against it until that bucket ends.
+-- What it did not use is returned to the same bucket afterwards (a refund,
+-- as settle.lua refunds a cancelled admission); token estimates exceeded by
+-- real usage are charged (a debt) the same way settle.lua does.
 --
--- KEYS: 1 the org's epoch; 1+i the state hash of item i (common.lua).
+-- budget: a slice is a reservation added to the spend 'bs' of the current
+-- budget window, as an admission reserves a request's maximum cost; the
+-- data plane admits requests against it and gives back what they did not
+-- spend (returns into the window it was carved in, only while Redis holds
+-- that window of the same epoch), or charges what they spent above their
+-- reservation (a debt). Alerts are checked when the spend grows, as
+-- settle.lua does (so a carve may fire an alert early, never late).
+--
+-- concurrency: a slice is lease members "<instance>:<n>" of the data plane
+-- in the scope's lease set, scored by their expiry like any request's
+-- lease; the data plane renews every member it holds once per renew
+-- interval (a ZADD, which also re-asserts them after a state loss) and
+-- removes the ones it gives back. A dead data plane's members expire with
+-- the lease TTL.
+--
+-- A slice of any kind is carved only from the room left below limit x (1 -
+-- reserve), a share of it at a time, so near the limit slices shrink and
+-- stop, and the scope falls back to exact per-request admission
+-- (admit.lua).
+--
+-- KEYS: 1 the org's epoch; then per item i: 2i the scope's state hash,
+--   2i+1 its lease set (common.lua).
 -- ARGV:
 --   1 rate window ms   2 bucket ms   3 number of items n
 --   4 reserve (per mille of the limit never carved)
 --   5 share (a carve takes at most 1/share of the room)
---   then per item: rpm limit, tpm limit (0 = none), wanted requests,
---     wanted tokens (0 0: return only), number of returns k, then k
---     triples: bucket, requests, tokens (tokens < 0: a debt to charge)
--- Returns {epoch, then per item 8 values}: granted requests, granted
---   tokens, the bucket they were carved in, ms until that bucket ends
---   (the slice's life), requests remaining in the window after the carve,
---   ms until the oldest requests bucket leaves, tokens remaining, ms until
---   the oldest tokens bucket leaves. A scope with both limits gets both or
---   neither.
+--   6 lease TTL ms     7 quarantine ms
+--   8 member name prefix ("~<instance>:")
+--   9 number of alert thresholds m, then m thresholds (percent of the cap)
+--   then per item:
+--     rate: rpm limit, tpm limit (0 = none), wanted requests, wanted
+--       tokens (0 0: none), number of returns k, then k triples: bucket,
+--       requests, tokens (tokens < 0: a debt to charge)
+--     budget: unit ('-': none), n, cap, soft, wanted micro-USD, number of
+--       returns kb, then kb triples: window index, epoch, micro-USD (> 0
+--       unused, back to that window; < 0 a debt)
+--     concurrency: limit (0: none), wanted members, number of the first
+--       new member, number of members to renew r, then r names, number of
+--       members to remove g, then g names
+-- Returns {epoch, then per item 15 values and 2a more}: granted requests,
+--   granted tokens, the bucket they were carved in, ms until that bucket
+--   ends (the slice's life), requests remaining in the window after the
+--   carve, ms until the oldest requests bucket leaves, tokens remaining,
+--   ms until the oldest tokens bucket leaves; granted micro-USD, the
+--   budget window index, ms until that window ends, micro-USD remaining
+--   below the cap; granted members (named from the first new number on),
+--   live members after the call; the number of alerts a, then a pairs:
+--   threshold percent (0 = the soft budget), spend micro-USD. A scope with
+--   rpm and tpm gets both or neither.
 
 local now = now_ms()
 local window_ms = tonumber(ARGV[1])
@@ -34,15 +65,23 @@ local bms = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 local reserve = tonumber(ARGV[4])
 local share = tonumber(ARGV[5])
+local lease_ttl = tonumber(ARGV[6])
+local quarantine = tonumber(ARGV[7])
+local mprefix = ARGV[8]
+local m = tonumber(ARGV[9])
+local thresholds = {}
+for j = 1, m do thresholds[j] = tonumber(ARGV[9 + j]) end
 local nb = math.floor(window_ms / bms)
 local cur = math.floor(now / bms)
+local now_s = math.floor(now / 1000)
 local rate_ttl = window_ms + 3 * bms
 
 local epoch = ensure_epoch(now)
+local quarantined = epoch + quarantine > now
 local out = { epoch }
-local a = 5
+local a = 9 + m
 for i = 1, n do
-  local hk = KEYS[1 + i]
+  local hk, pk = KEYS[2 * i], KEYS[2 * i + 1]
   local rpm, tpm = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local want_r, want_t = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local k = tonumber(ARGV[a + 5])
@@ -66,61 +105,175 @@ for i = 1, n do
     if #set > 0 then redis.call('HSET', hk, unpack(set)) end
     if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
   end
-  -- The carve: into the current bucket while at least half of it is left,
-  -- else into the next one (counted from now on, so it is conservative
-  -- for every check until then), so a slice lives 0.5 to 1.5 buckets.
-  local left = (cur + 1) * bms - now
-  local tb, life = cur, left
-  if left < bms / 2 then tb, life = cur + 1, left + bms end
-  local v = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. cur, 'r' .. tb, 'kt', 'ko', 'k' .. cur, 'k' .. tb)
-  local rtotal, rold, ttotal, told = 0, nil, 0, nil
-  if rpm > 0 then rtotal, rold = win_state(hk, 'r', v[1], v[2], v[3], cur, nb) end
-  if tpm > 0 then ttotal, told = win_state(hk, 'k', v[5], v[6], v[7], cur, nb) end
-  local gr, gt = 0, 0
-  if rpm > 0 and want_r > 0 then
-    local room = math.floor(rpm * (1000 - reserve) / 1000) - rtotal
-    if room > 0 then gr = math.min(want_r, math.floor(room / share)) end
-  end
-  if tpm > 0 and want_t > 0 then
-    local room = math.floor(tpm * (1000 - reserve) / 1000) - ttotal
-    if room > 0 then gt = math.min(want_t, math.floor(room / share)) end
-  end
-  if (rpm > 0 and gr <= 0) or (tpm > 0 and gt <= 0) then gr, gt = 0, 0 end
-  if gr > 0 or gt > 0 then
-    -- win_state may have rewritten the bookkeeping: read it again.
-    local w = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. tb, 'kt', 'ko', 'k' .. tb)
-    local set, del = {}, {}
-    if gr > 0 then
-      created = win_apply(set, del, 'r', tb, gr, w[3], w[1], w[2]) or created
-      rtotal = rtotal + gr
-      if rold == nil or tb < rold then rold = tb end
+  local gr, gt, tb, life = 0, 0, cur, 0
+  local rr, rs, tr, ts = 0, 0, 0, 0
+  if rpm > 0 or tpm > 0 then
+    -- The carve: into the current bucket while at least half of it is
+    -- left, else into the next one (counted from now on, so it is
+    -- conservative for every check until then), so a slice lives 0.5 to
+    -- 1.5 buckets.
+    local left = (cur + 1) * bms - now
+    life = left
+    if left < bms / 2 then tb, life = cur + 1, left + bms end
+    local v = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. cur, 'r' .. tb, 'kt', 'ko', 'k' .. cur, 'k' .. tb)
+    local rtotal, rold, ttotal, told = 0, nil, 0, nil
+    if rpm > 0 then rtotal, rold = win_state(hk, 'r', v[1], v[2], v[3], cur, nb) end
+    if tpm > 0 then ttotal, told = win_state(hk, 'k', v[5], v[6], v[7], cur, nb) end
+    if rpm > 0 and want_r > 0 then
+      local room = math.floor(rpm * (1000 - reserve) / 1000) - rtotal
+      if room > 0 then gr = math.min(want_r, math.floor(room / share)) end
     end
-    if gt > 0 then
-      created = win_apply(set, del, 'k', tb, gt, w[6], w[4], w[5]) or created
-      ttotal = ttotal + gt
-      if told == nil or tb < told then told = tb end
+    if tpm > 0 and want_t > 0 then
+      local room = math.floor(tpm * (1000 - reserve) / 1000) - ttotal
+      if room > 0 then gt = math.min(want_t, math.floor(room / share)) end
     end
-    if created then
-      set[#set + 1] = '_'
-      set[#set + 1] = HASHTABLE_PAD
+    if (rpm > 0 and gr <= 0) or (tpm > 0 and gt <= 0) then gr, gt = 0, 0 end
+    if gr > 0 or gt > 0 then
+      -- win_state may have rewritten the bookkeeping: read it again.
+      local w = redis.call('HMGET', hk, 'rt', 'ro', 'r' .. tb, 'kt', 'ko', 'k' .. tb)
+      local set, del = {}, {}
+      if gr > 0 then
+        created = win_apply(set, del, 'r', tb, gr, w[3], w[1], w[2]) or created
+        rtotal = rtotal + gr
+        if rold == nil or tb < rold then rold = tb end
+      end
+      if gt > 0 then
+        created = win_apply(set, del, 'k', tb, gt, w[6], w[4], w[5]) or created
+        ttotal = ttotal + gt
+        if told == nil or tb < told then told = tb end
+      end
+      if created then
+        set[#set + 1] = '_'
+        set[#set + 1] = HASHTABLE_PAD
+      end
+      redis.call('HSET', hk, unpack(set))
     end
-    redis.call('HSET', hk, unpack(set))
+    if rpm > 0 then
+      rr = math.max(rpm - rtotal, 0)
+      if rold then rs = (rold + nb + 1) * bms - now end
+    end
+    if tpm > 0 then
+      tr = math.max(tpm - ttotal, 0)
+      if told then ts = (told + nb + 1) * bms - now end
+    end
   end
   if created then
     -- Like admit.lua for a scope without a budget: the hash outlives its
     -- newest bucket (one bucket later than admit.lua's, for a carve into
-    -- the next bucket). A scope that also has a budget is never sliced.
+    -- the next bucket); a budget's longer expiry is kept.
     if redis.call('PTTL', hk) < rate_ttl then redis.call('PEXPIRE', hk, rate_ttl) end
   end
-  local rr, rs, tr, ts = 0, 0, 0, 0
-  if rpm > 0 then
-    rr = math.max(rpm - rtotal, 0)
-    if rold then rs = (rold + nb + 1) * bms - now end
+
+  -- Budget.
+  local unit, bn, cap, soft = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local want_b, kb = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  a = a + 6
+  local gb, widx, wleft, brem = 0, 0, 0, 0
+  local alerts = {}
+  if unit ~= '-' then
+    local idx, _, we = budget_window(unit, bn, now_s)
+    local id = bw_id(unit, bn, idx)
+    widx, wleft = idx, we * 1000 - now
+    local fields = { 'bw', 'bs', 'bsoft' }
+    for j = 1, m do fields[#fields + 1] = 'ba' .. thresholds[j] end
+    local v = redis.call('HMGET', hk, unpack(fields))
+    local held = v[1]
+    local spend = tonumber(v[2]) or 0
+    local grew = false
+    local changed = false
+    for _ = 1, kb do
+      local w, ep, x = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+      a = a + 3
+      if ep == epoch then
+        if held == bw_id(unit, bn, w) then
+          -- Back to (or charged in) the window it was carved in.
+          spend = math.max(spend - x, 0)
+          changed = true
+          if x < 0 then grew = true end
+        elseif x < 0 and held == id then
+          -- A debt whose window has ended goes to the current one.
+          spend = spend - x
+          changed, grew = true, true
+        end
+      end
+    end
+    local state = budget_held(held, unit, bn, idx)
+    if want_b > 0 and state == 'older' then
+      -- A new window of an intact state starts at zero (as in admit.lua).
+      held, spend, state, changed = id, 0, 'current', true
+      redis.call('HSET', hk, 'bw', id)
+      redis.call('EXPIREAT', hk, we + 3600)
+    end
+    if want_b > 0 and state == 'current' and cap > 0 then
+      local room = math.floor(cap * (1000 - reserve) / 1000) - spend
+      if room > 0 then gb = math.min(want_b, math.floor(room / share)) end
+      if gb > 0 then
+        spend = spend + gb
+        changed, grew = true, true
+      end
+    end
+    if held == id then brem = math.max(cap - spend, 0) end
+    if changed then
+      local set = { 'bs', spend }
+      if grew and held == id then
+        if cap > 0 then
+          for j = 1, m do
+            local pct = thresholds[j]
+            if v[3 + j] ~= id and spend * 100 >= cap * pct then
+              set[#set + 1] = 'ba' .. pct
+              set[#set + 1] = id
+              alerts[#alerts + 1] = { pct, spend }
+            end
+          end
+        end
+        if soft > 0 and v[3] ~= id and spend >= soft then
+          set[#set + 1] = 'bsoft'
+          set[#set + 1] = id
+          alerts[#alerts + 1] = { 0, spend }
+        end
+      end
+      redis.call('HSET', hk, unpack(set))
+    end
   end
-  if tpm > 0 then
-    tr = math.max(tpm - ttotal, 0)
-    if told then ts = (told + nb + 1) * bms - now end
+
+  -- Concurrency.
+  local par, want_p, seq = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local nr = tonumber(ARGV[a + 4])
+  a = a + 4
+  local ren = {}
+  for j = 1, nr do
+    ren[#ren + 1] = now + lease_ttl
+    ren[#ren + 1] = ARGV[a + j]
   end
+  a = a + nr
+  local ng = tonumber(ARGV[a + 1])
+  a = a + 1
+  if ng > 0 then redis.call('ZREM', pk, unpack(ARGV, a + 1, a + ng)) end
+  a = a + ng
+  local gp, live = 0, 0
+  if par > 0 then
+    if #ren > 0 then redis.call('ZADD', pk, unpack(ren)) end
+    if want_p > 0 and not quarantined then
+      live = redis.call('ZCOUNT', pk, '(' .. now, '+inf')
+      local keep = math.max(math.floor(par * reserve / 1000), 1)
+      local room = par - keep - live
+      if room > 0 then gp = math.min(want_p, math.floor(room / share)) end
+      if gp > 0 then
+        local add = {}
+        for q = 0, gp - 1 do
+          add[#add + 1] = now + lease_ttl
+          add[#add + 1] = mprefix .. (seq + q)
+        end
+        redis.call('ZADD', pk, unpack(add))
+        live = live + gp
+      end
+    end
+    if #ren > 0 or gp > 0 then
+      -- The lease set outlives its newest lease (as in admit.lua).
+      redis.call('PEXPIRE', pk, 3 * lease_ttl)
+    end
+  end
+
   out[#out + 1] = gr
   out[#out + 1] = gt
   out[#out + 1] = tb
@@ -129,5 +282,16 @@ for i = 1, n do
   out[#out + 1] = rs
   out[#out + 1] = tr
   out[#out + 1] = ts
+  out[#out + 1] = gb
+  out[#out + 1] = widx
+  out[#out + 1] = wleft
+  out[#out + 1] = brem
+  out[#out + 1] = gp
+  out[#out + 1] = live
+  out[#out + 1] = #alerts
+  for _, x in ipairs(alerts) do
+    out[#out + 1] = x[1]
+    out[#out + 1] = x[2]
+  end
 end
 return out
