@@ -308,7 +308,12 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		dep, err := m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "capped", ApiBase: up,
 			UpstreamModel: "up", Weight: 1, Prices: prices, MaxConcurrency: 1}))
 		require.NoError(t, err)
-		p2 := d.StartProxy("default", time.Minute) // a second instance: the cap is fleet-wide
+		// A second instance (the cap is fleet-wide) whose interactive queue
+		// gives up after 2 s: the default 30 s equals the hold's length, and
+		// whichever ends first would decide the answer.
+		p2 := d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
+			c.AdmissionQueues = "interactive=256/2s,agent=1024/1m0s,batch=1024/2m0s"
+		})
 		for _, px := range []*proxy{p, p2} {
 			harness.Eventually(t, func() bool { return len(px.DP.Catalog().Deployments("capped")) == 1 }, 10*time.Second, 10*time.Millisecond)
 		}

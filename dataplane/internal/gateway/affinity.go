@@ -182,7 +182,10 @@ func sessionKey(session string) uint64 {
 // rendezvous order of the session or prefix with bounded load.
 func (x *exchange) orderCandidates(cat *catalog.Catalog, cands []candidate) []candidate {
 	out := x.orderByStrategy(cat, cands)
-	if !x.prefillOrdered() || len(out) < 2 {
+	// A session on its pin stays there: its engine holds the
+	// conversation's prefix, which the prefill estimate of a busy engine
+	// does not outweigh (docs/traffic.md, "Prefill in flight").
+	if !x.prefillOrdered() || len(out) < 2 || x.aff.reason == reasonSession {
 		return out
 	}
 	look, fresh := x.awaitLookup()
