@@ -7,10 +7,8 @@ import (
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -71,15 +69,9 @@ func validateCustomer(cu *adminv1.Customer) error {
 }
 
 func (s *customerService) CreateCustomer(ctx context.Context, req *connect.Request[adminv1.CreateCustomerRequest]) (*connect.Response[adminv1.CreateCustomerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
-		return nil, err
-	}
 	m := req.Msg
-	orgID, err := createOrg(ctx, m.GetOrgId())
+	orgID, err := createTenant(ctx, m.GetOrgId(), "customers")
 	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "customers of org "+orgID)); err != nil {
 		return nil, err
 	}
 	want := &adminv1.Customer{ExternalId: m.GetExternalId(), DisplayName: m.GetDisplayName(), Limits: m.GetLimits(), Metadata: m.GetMetadata()}
@@ -88,32 +80,13 @@ func (s *customerService) CreateCustomer(ctx context.Context, req *connect.Reque
 	}
 	cu := store.Customer{ID: ids.New(ids.Customer), OrgID: orgID, ExternalID: want.ExternalId, DisplayName: want.DisplayName,
 		Limits: limitsJSON(want.Limits), Metadata: want.Metadata}
-	var out *adminv1.Customer
-	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		if err := tx.CustomerInsert(ctx, &cu); err != nil {
-			return err
-		}
-		var err error
-		if out, err = customerToProto(cu); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionCreated, objCustomer, cu.ID, cu.OrgID, "", nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.CustomerUpserted, cu.OrgID, cu.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateCustomerResponse{Customer: out}), nil
+	out, err := createObject(ctx, s.store, customerObjects, &cu, func(tx *store.Tx) error { return tx.CustomerInsert(ctx, &cu) })
+	return reply(&adminv1.CreateCustomerResponse{Customer: out}, err)
 }
 
 func (s *customerService) GetCustomer(ctx context.Context, req *connect.Request[adminv1.GetCustomerRequest]) (*connect.Response[adminv1.GetCustomerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Read, "customers"); err != nil {
-		return nil, err
-	}
 	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
+	if err := orgObjectGate(ctx, authz.Read, "customers", "id", id); err != nil {
 		return nil, err
 	}
 	cu, err := s.store.CustomerGet(ctx, tenant(ctx), id)
@@ -124,10 +97,7 @@ func (s *customerService) GetCustomer(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	out, err := customerToProto(cu)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetCustomerResponse{Customer: out}), nil
+	return reply(&adminv1.GetCustomerResponse{Customer: out}, err)
 }
 
 func (s *customerService) ListCustomers(ctx context.Context, req *connect.Request[adminv1.ListCustomersRequest]) (*connect.Response[adminv1.ListCustomersResponse], error) {
@@ -146,86 +116,40 @@ func (s *customerService) ListCustomers(ctx context.Context, req *connect.Reques
 		return nil, err
 	}
 	resp := &adminv1.ListCustomersResponse{}
-	for _, r := range rows {
-		cu, err := customerToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Customers = append(resp.Customers, cu)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Customers, resp.NextPageToken, err = page(rows, limit, customerToProto, func(c store.Customer) string { return c.ID })
+	return reply(resp, err)
 }
 
 func (s *customerService) UpdateCustomer(ctx context.Context, req *connect.Request[adminv1.UpdateCustomerRequest]) (*connect.Response[adminv1.UpdateCustomerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
+	src, mask := req.Msg.GetCustomer(), req.Msg.GetUpdateMask()
+	if err := customerObjects.gate(ctx, "customer.id", src.GetId()); err != nil {
 		return nil, err
 	}
-	id := req.Msg.GetCustomer().GetId()
-	if err := requireID("customer.id", id); err != nil {
+	if err := refuseImmutable(mask, "it is the identifier clients send; create a new customer instead", "external_id"); err != nil {
 		return nil, err
 	}
-	for _, p := range req.Msg.GetUpdateMask().GetPaths() {
-		if p == "external_id" {
-			return nil, invalid("update_mask", "external_id is immutable: it is the identifier clients send; create a new customer instead")
-		}
-	}
-	var out *adminv1.Customer
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := customerToProto(cur)
-		if err != nil {
-			return err
-		}
-		after := proto.Clone(before).(*adminv1.Customer)
-		if err := applyMask(after, req.Msg.GetCustomer(), req.Msg.GetUpdateMask(), customerUpdatable...); err != nil {
-			return err
-		}
-		if err := validateCustomer(after); err != nil {
-			return err
-		}
-		cur.DisplayName, cur.Limits, cur.Metadata = after.DisplayName, limitsJSON(after.Limits), after.Metadata
-		if err := tx.CustomerUpdate(ctx, &cur); err != nil {
-			return err
-		}
-		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
-		out = after
-		if err := tx.Audit(ctx, audit.ActionUpdated, objCustomer, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.CustomerUpserted, cur.OrgID, cur.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateCustomerResponse{Customer: out}), nil
+	out, err := updateObject(ctx, s.store, customerObjects, src.GetId(), src, mask, customerUpdatable,
+		func(tx *store.Tx, cur *store.Customer, _, after *adminv1.Customer) error {
+			if err := validateCustomer(after); err != nil {
+				return err
+			}
+			cur.DisplayName, cur.Limits, cur.Metadata = after.DisplayName, limitsJSON(after.Limits), after.Metadata
+			return tx.CustomerUpdate(ctx, cur)
+		})
+	return reply(&adminv1.UpdateCustomerResponse{Customer: out}, err)
 }
 
 func (s *customerService) DeleteCustomer(ctx context.Context, req *connect.Request[adminv1.DeleteCustomerRequest]) (*connect.Response[adminv1.DeleteCustomerResponse], error) {
-	if err := deleteObject(ctx, s.store, customerObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteCustomerResponse{}), nil
+	return reply(&adminv1.DeleteCustomerResponse{}, deleteObject(ctx, s.store, customerObjects, req.Msg.GetId()))
 }
 
-// customerObjects is the object of Block/Unblock/DeleteCustomer.
+// customerObjects is the object of Create/Update/Block/Unblock/DeleteCustomer.
 var customerObjects = mutable[store.Customer, *adminv1.Customer]{
 	object: events.ObjCustomer,
-	gate: func(ctx context.Context, id string) error {
-		if err := orgLevelGate(ctx, authz.Write, "customers"); err != nil {
-			return err
-		}
-		return requireID("id", id)
+	gate: func(ctx context.Context, field, id string) error {
+		return orgObjectGate(ctx, authz.Write, "customers", field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Customer, error) {
+	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.Customer, error) {
 		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
 			return cur, err
@@ -242,22 +166,12 @@ var customerObjects = mutable[store.Customer, *adminv1.Customer]{
 	scope:   func(c store.Customer) (string, string, string) { return c.ID, c.OrgID, "" },
 }
 
-func (s *customerService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Customer, error) {
-	return setBlocked(ctx, s.store, customerObjects, id, blocked)
-}
-
 func (s *customerService) BlockCustomer(ctx context.Context, req *connect.Request[adminv1.BlockCustomerRequest]) (*connect.Response[adminv1.BlockCustomerResponse], error) {
-	cu, err := s.setBlocked(ctx, req.Msg.GetId(), true)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.BlockCustomerResponse{Customer: cu}), nil
+	cu, err := setBlocked(ctx, s.store, customerObjects, req.Msg.GetId(), true)
+	return reply(&adminv1.BlockCustomerResponse{Customer: cu}, err)
 }
 
 func (s *customerService) UnblockCustomer(ctx context.Context, req *connect.Request[adminv1.UnblockCustomerRequest]) (*connect.Response[adminv1.UnblockCustomerResponse], error) {
-	cu, err := s.setBlocked(ctx, req.Msg.GetId(), false)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UnblockCustomerResponse{Customer: cu}), nil
+	cu, err := setBlocked(ctx, s.store, customerObjects, req.Msg.GetId(), false)
+	return reply(&adminv1.UnblockCustomerResponse{Customer: cu}, err)
 }

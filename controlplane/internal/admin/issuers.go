@@ -11,7 +11,6 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -95,15 +94,9 @@ func validateClaim(c *validator, field, s string) {
 }
 
 func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Request[adminv1.CreateTrustedIssuerRequest]) (*connect.Response[adminv1.CreateTrustedIssuerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "trusted issuers"); err != nil {
-		return nil, err
-	}
 	m := req.Msg
-	orgID, err := createOrg(ctx, m.GetOrgId())
+	orgID, err := createTenant(ctx, m.GetOrgId(), "trusted issuers")
 	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "trusted issuers of org "+orgID)); err != nil {
 		return nil, err
 	}
 	c := &validator{}
@@ -148,29 +141,13 @@ func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Re
 	ti := store.TrustedIssuer{ID: ids.New(ids.Issuer), OrgID: orgID, Issuer: m.GetIssuer(), Audience: m.GetAudience(),
 		JWKSURL: m.GetJwksUrl(), TeamClaim: m.GetTeamClaim(), UserClaim: m.GetUserClaim(), CustomerClaim: m.GetCustomerClaim(),
 		UnknownPolicy: policy, DefaultTeamID: m.GetDefaultTeamId()}
-	var out *adminv1.TrustedIssuer
-	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		if err := tx.TrustedIssuerInsert(ctx, &ti); err != nil {
-			return err
-		}
-		out = issuerToProto(ti)
-		if err := tx.Audit(ctx, audit.ActionCreated, objTrustedIssuer, ti.ID, ti.OrgID, "", nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.TrustedIssuerUpserted, ti.OrgID, ti.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateTrustedIssuerResponse{Issuer: out}), nil
+	out, err := createObject(ctx, s.store, issuerObjects, &ti, func(tx *store.Tx) error { return tx.TrustedIssuerInsert(ctx, &ti) })
+	return reply(&adminv1.CreateTrustedIssuerResponse{Issuer: out}, err)
 }
 
 func (s *issuerService) GetTrustedIssuer(ctx context.Context, req *connect.Request[adminv1.GetTrustedIssuerRequest]) (*connect.Response[adminv1.GetTrustedIssuerResponse], error) {
-	if err := orgLevelGate(ctx, authz.Read, "trusted issuers"); err != nil {
-		return nil, err
-	}
 	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
+	if err := orgObjectGate(ctx, authz.Read, "trusted issuers", "id", id); err != nil {
 		return nil, err
 	}
 	ti, err := s.store.TrustedIssuerGet(ctx, tenant(ctx), id)
@@ -198,31 +175,20 @@ func (s *issuerService) ListTrustedIssuers(ctx context.Context, req *connect.Req
 		return nil, err
 	}
 	resp := &adminv1.ListTrustedIssuersResponse{}
-	for _, r := range rows {
-		resp.Issuers = append(resp.Issuers, issuerToProto(r))
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Issuers, resp.NextPageToken, err = page(rows, limit, infallible(issuerToProto), func(ti store.TrustedIssuer) string { return ti.ID })
+	return reply(resp, err)
 }
 
 func (s *issuerService) DeleteTrustedIssuer(ctx context.Context, req *connect.Request[adminv1.DeleteTrustedIssuerRequest]) (*connect.Response[adminv1.DeleteTrustedIssuerResponse], error) {
-	if err := deleteObject(ctx, s.store, issuerObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteTrustedIssuerResponse{}), nil
+	return reply(&adminv1.DeleteTrustedIssuerResponse{}, deleteObject(ctx, s.store, issuerObjects, req.Msg.GetId()))
 }
 
-// issuerObjects is the object of DeleteTrustedIssuer (issuers are not
+// issuerObjects is the object of Create/DeleteTrustedIssuer (issuers are not
 // blocked: delete one to stop its tokens).
 var issuerObjects = mutable[store.TrustedIssuer, *adminv1.TrustedIssuer]{
 	object: events.ObjTrustedIssuer,
-	gate: func(ctx context.Context, id string) error {
-		if err := orgLevelGate(ctx, authz.Write, "trusted issuers"); err != nil {
-			return err
-		}
-		return requireID("id", id)
+	gate: func(ctx context.Context, field, id string) error {
+		return orgObjectGate(ctx, authz.Write, "trusted issuers", field, id)
 	},
 	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.TrustedIssuer, error) {
 		cur, err := tx.TrustedIssuerGetForUpdate(ctx, tenant(ctx), id)
@@ -234,6 +200,6 @@ var issuerObjects = mutable[store.TrustedIssuer, *adminv1.TrustedIssuer]{
 	remove: func(ctx context.Context, tx *store.Tx, cur store.TrustedIssuer) (any, error) {
 		return nil, tx.TrustedIssuerDelete(ctx, cur.ID)
 	},
-	toProto: func(ti store.TrustedIssuer) (*adminv1.TrustedIssuer, error) { return issuerToProto(ti), nil },
+	toProto: infallible(issuerToProto),
 	scope:   func(ti store.TrustedIssuer) (string, string, string) { return ti.ID, ti.OrgID, "" },
 }

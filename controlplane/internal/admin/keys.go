@@ -281,30 +281,16 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 	k := store.Key{ID: ids.New(ids.Key), OrgID: orgID, TeamID: teamID}
 	keySettings(&k, want)
 	tok, sec := s.newKeySecret()
-	var out *adminv1.Key
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+	out, err := createObject(ctx, s.store, keyObjects, &k, func(tx *store.Tx) error {
 		if err := tx.KeyCheckRefs(ctx, k.OrgID, k.TeamID, k.UserID); err != nil {
 			return err
 		}
 		if err := tx.KeyInsert(ctx, &k, sec); err != nil {
 			return err
 		}
-		if err := setKeyFallbacks(ctx, tx, &k, nil, want.GetFallbacks()); err != nil {
-			return err
-		}
-		var err error
-		if out, err = keyToProto(k); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionCreated, objKey, k.ID, k.OrgID, k.TeamID, nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.KeyUpserted, k.OrgID, k.ID, nil)
+		return setKeyFallbacks(ctx, tx, &k, nil, want.GetFallbacks())
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateKeyResponse{Key: out, Token: tok}), nil
+	return reply(&adminv1.CreateKeyResponse{Key: out, Token: tok}, err)
 }
 
 func (s *keyService) GetKey(ctx context.Context, req *connect.Request[adminv1.GetKeyRequest]) (*connect.Response[adminv1.GetKeyResponse], error) {
@@ -316,10 +302,7 @@ func (s *keyService) GetKey(ctx context.Context, req *connect.Request[adminv1.Ge
 		return nil, err
 	}
 	out, err := keyToProto(k)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetKeyResponse{Key: out}), nil
+	return reply(&adminv1.GetKeyResponse{Key: out}, err)
 }
 
 func (s *keyService) ListKeys(ctx context.Context, req *connect.Request[adminv1.ListKeysRequest]) (*connect.Response[adminv1.ListKeysResponse], error) {
@@ -369,17 +352,8 @@ func (s *keyService) ListKeys(ctx context.Context, req *connect.Request[adminv1.
 		return nil, err
 	}
 	resp := &adminv1.ListKeysResponse{}
-	for _, r := range rows {
-		k, err := keyToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Keys = append(resp.Keys, k)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Keys, resp.NextPageToken, err = page(rows, limit, keyToProto, func(k store.Key) string { return k.ID })
+	return reply(resp, err)
 }
 
 // lockKey loads key id for a change and authorises it.
@@ -441,17 +415,11 @@ func (s *keyService) UpdateKey(ctx context.Context, req *connect.Request[adminv1
 		}
 		return outbox(ctx, tx, events.KeyUpserted, cur.OrgID, cur.ID, nil)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateKeyResponse{Key: out}), nil
+	return reply(&adminv1.UpdateKeyResponse{Key: out}, err)
 }
 
 func (s *keyService) DeleteKey(ctx context.Context, req *connect.Request[adminv1.DeleteKeyRequest]) (*connect.Response[adminv1.DeleteKeyResponse], error) {
-	if err := deleteObject(ctx, s.store, keyObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteKeyResponse{}), nil
+	return reply(&adminv1.DeleteKeyResponse{}, deleteObject(ctx, s.store, keyObjects, req.Msg.GetId()))
 }
 
 func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1.RotateKeyRequest]) (*connect.Response[adminv1.RotateKeyResponse], error) {
@@ -493,13 +461,10 @@ func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1
 		}
 		return outbox(ctx, tx, events.KeyRotated, cur.OrgID, cur.ID, payload)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(resp), nil
+	return reply(resp, err)
 }
 
-// keyObjects is the object of Block/Unblock/DeleteKey.
+// keyObjects is the object of Create/Block/Unblock/DeleteKey.
 var keyObjects = mutable[store.Key, *adminv1.Key]{
 	object: events.ObjKey,
 	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Key, error) {
@@ -516,24 +481,14 @@ var keyObjects = mutable[store.Key, *adminv1.Key]{
 	scope:   func(k store.Key) (string, string, string) { return k.ID, k.OrgID, k.TeamID },
 }
 
-func (s *keyService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Key, error) {
-	return setBlocked(ctx, s.store, keyObjects, id, blocked)
-}
-
 func (s *keyService) BlockKey(ctx context.Context, req *connect.Request[adminv1.BlockKeyRequest]) (*connect.Response[adminv1.BlockKeyResponse], error) {
-	k, err := s.setBlocked(ctx, req.Msg.GetId(), true)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.BlockKeyResponse{Key: k}), nil
+	k, err := setBlocked(ctx, s.store, keyObjects, req.Msg.GetId(), true)
+	return reply(&adminv1.BlockKeyResponse{Key: k}, err)
 }
 
 func (s *keyService) UnblockKey(ctx context.Context, req *connect.Request[adminv1.UnblockKeyRequest]) (*connect.Response[adminv1.UnblockKeyResponse], error) {
-	k, err := s.setBlocked(ctx, req.Msg.GetId(), false)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UnblockKeyResponse{Key: k}), nil
+	k, err := setBlocked(ctx, s.store, keyObjects, req.Msg.GetId(), false)
+	return reply(&adminv1.UnblockKeyResponse{Key: k}, err)
 }
 
 // setKeyFallbacks stores k's fallback overrides when they change from

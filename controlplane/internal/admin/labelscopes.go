@@ -7,10 +7,8 @@ import (
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -90,15 +88,9 @@ func validateLabelScope(ls *adminv1.LabelScope) error {
 }
 
 func (s *labelScopeService) CreateLabelScope(ctx context.Context, req *connect.Request[adminv1.CreateLabelScopeRequest]) (*connect.Response[adminv1.CreateLabelScopeResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
-		return nil, err
-	}
 	m := req.Msg
-	orgID, err := createOrg(ctx, m.GetOrgId())
+	orgID, err := createTenant(ctx, m.GetOrgId(), labelScopesWhat)
 	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "project and tag scopes of org "+orgID)); err != nil {
 		return nil, err
 	}
 	want := &adminv1.LabelScope{Kind: m.GetKind(), Name: m.GetName(), Limits: m.GetLimits()}
@@ -107,32 +99,13 @@ func (s *labelScopeService) CreateLabelScope(ctx context.Context, req *connect.R
 	}
 	ls := store.LabelScope{ID: ids.New(ids.LabelScope), OrgID: orgID, Kind: labelKinds[want.Kind], Name: want.Name,
 		Limits: limitsJSON(want.Limits)}
-	var out *adminv1.LabelScope
-	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		if err := tx.LabelScopeInsert(ctx, &ls); err != nil {
-			return err
-		}
-		var err error
-		if out, err = labelScopeToProto(ls); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionCreated, objLabelScope, ls.ID, ls.OrgID, "", nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.LabelScopeUpserted, ls.OrgID, ls.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateLabelScopeResponse{LabelScope: out}), nil
+	out, err := createObject(ctx, s.store, labelScopeObjects, &ls, func(tx *store.Tx) error { return tx.LabelScopeInsert(ctx, &ls) })
+	return reply(&adminv1.CreateLabelScopeResponse{LabelScope: out}, err)
 }
 
 func (s *labelScopeService) GetLabelScope(ctx context.Context, req *connect.Request[adminv1.GetLabelScopeRequest]) (*connect.Response[adminv1.GetLabelScopeResponse], error) {
-	if err := orgLevelGate(ctx, authz.Read, "project and tag scopes"); err != nil {
-		return nil, err
-	}
 	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
+	if err := orgObjectGate(ctx, authz.Read, labelScopesWhat, "id", id); err != nil {
 		return nil, err
 	}
 	ls, err := s.store.LabelScopeGet(ctx, tenant(ctx), id)
@@ -143,18 +116,15 @@ func (s *labelScopeService) GetLabelScope(ctx context.Context, req *connect.Requ
 		return nil, err
 	}
 	out, err := labelScopeToProto(ls)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetLabelScopeResponse{LabelScope: out}), nil
+	return reply(&adminv1.GetLabelScopeResponse{LabelScope: out}, err)
 }
 
 func (s *labelScopeService) ListLabelScopes(ctx context.Context, req *connect.Request[adminv1.ListLabelScopesRequest]) (*connect.Response[adminv1.ListLabelScopesResponse], error) {
 	m := req.Msg
-	if err := orgLevelGate(ctx, authz.Read, "project and tag scopes"); err != nil {
+	if err := orgLevelGate(ctx, authz.Read, labelScopesWhat); err != nil {
 		return nil, err
 	}
-	t, err := listTenant(ctx, m.GetOrgId(), "project and tag scopes")
+	t, err := listTenant(ctx, m.GetOrgId(), labelScopesWhat)
 	if err != nil {
 		return nil, err
 	}
@@ -173,85 +143,42 @@ func (s *labelScopeService) ListLabelScopes(ctx context.Context, req *connect.Re
 		return nil, err
 	}
 	resp := &adminv1.ListLabelScopesResponse{}
-	for _, r := range rows {
-		ls, err := labelScopeToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.LabelScopes = append(resp.LabelScopes, ls)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.LabelScopes, resp.NextPageToken, err = page(rows, limit, labelScopeToProto, func(l store.LabelScope) string { return l.ID })
+	return reply(resp, err)
 }
 
 func (s *labelScopeService) UpdateLabelScope(ctx context.Context, req *connect.Request[adminv1.UpdateLabelScopeRequest]) (*connect.Response[adminv1.UpdateLabelScopeResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
+	src, mask := req.Msg.GetLabelScope(), req.Msg.GetUpdateMask()
+	if err := labelScopeObjects.gate(ctx, "label_scope.id", src.GetId()); err != nil {
 		return nil, err
 	}
-	id := req.Msg.GetLabelScope().GetId()
-	if err := requireID("label_scope.id", id); err != nil {
+	if err := refuseImmutable(mask, "keys name the scope by it; create a new scope instead", "kind", "name"); err != nil {
 		return nil, err
 	}
-	for _, p := range req.Msg.GetUpdateMask().GetPaths() {
-		if p == "kind" || p == "name" {
-			return nil, invalid("update_mask", "%s is immutable: keys name the scope by it; create a new scope instead", p)
-		}
-	}
-	var out *adminv1.LabelScope
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.LabelScopeGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "label scope "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := labelScopeToProto(cur)
-		if err != nil {
-			return err
-		}
-		after := proto.Clone(before).(*adminv1.LabelScope)
-		if err := applyMask(after, req.Msg.GetLabelScope(), req.Msg.GetUpdateMask(), labelScopeUpdatable...); err != nil {
-			return err
-		}
-		if err := validateLabelScope(after); err != nil {
-			return err
-		}
-		cur.Limits = limitsJSON(after.Limits)
-		if err := tx.LabelScopeUpdate(ctx, &cur); err != nil {
-			return err
-		}
-		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
-		out = after
-		if err := tx.Audit(ctx, audit.ActionUpdated, objLabelScope, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.LabelScopeUpserted, cur.OrgID, cur.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateLabelScopeResponse{LabelScope: out}), nil
+	out, err := updateObject(ctx, s.store, labelScopeObjects, src.GetId(), src, mask, labelScopeUpdatable,
+		func(tx *store.Tx, cur *store.LabelScope, _, after *adminv1.LabelScope) error {
+			if err := validateLabelScope(after); err != nil {
+				return err
+			}
+			cur.Limits = limitsJSON(after.Limits)
+			return tx.LabelScopeUpdate(ctx, cur)
+		})
+	return reply(&adminv1.UpdateLabelScopeResponse{LabelScope: out}, err)
 }
 
 func (s *labelScopeService) DeleteLabelScope(ctx context.Context, req *connect.Request[adminv1.DeleteLabelScopeRequest]) (*connect.Response[adminv1.DeleteLabelScopeResponse], error) {
-	if err := deleteObject(ctx, s.store, labelScopeObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteLabelScopeResponse{}), nil
+	return reply(&adminv1.DeleteLabelScopeResponse{}, deleteObject(ctx, s.store, labelScopeObjects, req.Msg.GetId()))
 }
 
-// labelScopeObjects is the object of DeleteLabelScope (label scopes are
-// not blockable: block the keys or their team instead).
+// labelScopesWhat names label scopes in authorisation errors.
+const labelScopesWhat = "project and tag scopes"
+
+// labelScopeObjects is the object of Create/Update/DeleteLabelScope (label
+// scopes are not blockable: block the keys or their team instead).
 var labelScopeObjects = mutable[store.LabelScope, *adminv1.LabelScope]{
 	object: events.ObjLabelScope,
-	gate: func(ctx context.Context, id string) error {
-		if err := orgLevelGate(ctx, authz.Write, "project and tag scopes"); err != nil {
-			return err
-		}
-		return requireID("id", id)
+	gate: func(ctx context.Context, field, id string) error {
+		return orgObjectGate(ctx, authz.Write, labelScopesWhat, field, id)
 	},
 	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.LabelScope, error) {
 		cur, err := tx.LabelScopeGetForUpdate(ctx, tenant(ctx), id)

@@ -3,23 +3,28 @@ package admin
 import (
 	"context"
 
+	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	"github.com/sluicegw/sluice/controlplane/internal/audit"
+	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
 )
 
-// mutable describes one object type the Block, Unblock and Delete RPCs
-// act on (orgs, teams, users, customers, keys), for setBlocked and
-// deleteObject: T is the stored object, P its admin API message.
+// mutable describes one object type the Create, Update, Block, Unblock
+// and Delete RPCs act on (orgs, teams, users, customers, keys, ...), for
+// createObject, updateObject, setBlocked and deleteObject: T is the
+// stored object, P its admin API message.
 type mutable[T any, P proto.Message] struct {
 	object events.Object
 	// gate runs before anything is read (nil: none), e.g. an org-level
-	// write check and the id's presence.
-	gate func(ctx context.Context, id string) error
+	// write check and the presence of the id in the request field named
+	// field ("id", "customer.id").
+	gate func(ctx context.Context, field, id string) error
 	// lock reads the object for update and checks that the caller may
-	// do op to it.
+	// do op to it (events.OpUpsert: update it).
 	lock func(ctx context.Context, tx *store.Tx, id string, op events.Op) (T, error)
 	// set changes the blocked flag (and cur).
 	set func(ctx context.Context, tx *store.Tx, cur *T, blocked bool) error
@@ -43,7 +48,7 @@ func setBlocked[T any, P proto.Message](ctx context.Context, st *store.Store, b 
 	}
 	var out P
 	if b.gate != nil {
-		if err := b.gate(ctx, id); err != nil {
+		if err := b.gate(ctx, "id", id); err != nil {
 			return out, err
 		}
 	}
@@ -76,7 +81,7 @@ func setBlocked[T any, P proto.Message](ctx context.Context, st *store.Store, b 
 // event (a security event).
 func deleteObject[T any, P proto.Message](ctx context.Context, st *store.Store, b mutable[T, P], id string) error {
 	if b.gate != nil {
-		if err := b.gate(ctx, id); err != nil {
+		if err := b.gate(ctx, "id", id); err != nil {
 			return err
 		}
 	}
@@ -99,4 +104,143 @@ func deleteObject[T any, P proto.Message](ctx context.Context, st *store.Store, 
 		}
 		return outbox(ctx, tx, events.For(b.object, events.OpDelete), orgID, objID, payload)
 	})
+}
+
+// createObject inserts cur (through insert, which may do more in the same
+// transaction) in one mutation with its audit record (the object after)
+// and its <object>.upserted event. It returns the object as created.
+func createObject[T any, P proto.Message](ctx context.Context, st *store.Store, b mutable[T, P], cur *T, insert func(tx *store.Tx) error) (P, error) {
+	var out P
+	err := st.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		if err := insert(tx); err != nil {
+			return err
+		}
+		var err error
+		if out, err = b.toProto(*cur); err != nil {
+			return err
+		}
+		objID, orgID, teamID := b.scope(*cur)
+		if err := tx.Audit(ctx, audit.ActionCreated, string(b.object), objID, orgID, teamID, nil, auditJSON(out)); err != nil {
+			return err
+		}
+		return outbox(ctx, tx, events.For(b.object, events.OpUpsert), orgID, objID, nil)
+	})
+	return out, err
+}
+
+// updateObject changes the object id of type b in one mutation: it locks
+// the object (b.lock with events.OpUpsert), applies the update_mask paths
+// of src (out of updatable) to a copy of it, and hands both copies to
+// save, which validates the new one and stores it into cur. The audit
+// record holds the object before and after, the event is
+// <object>.upserted. It returns the object after, with its new
+// update_time. The RPC runs b.gate (and any other request check) first.
+func updateObject[T any, P proto.Message](ctx context.Context, st *store.Store, b mutable[T, P], id string,
+	src P, mask *fieldmaskpb.FieldMask, updatable []string, save func(tx *store.Tx, cur *T, before, after P) error,
+) (P, error) {
+	var out P
+	err := st.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+		cur, err := b.lock(ctx, tx, id, events.OpUpsert)
+		if err != nil {
+			return err
+		}
+		before, err := b.toProto(cur)
+		if err != nil {
+			return err
+		}
+		after := proto.Clone(before).(P)
+		if err := applyMask(after, src, mask, updatable...); err != nil {
+			return err
+		}
+		if err := save(tx, &cur, before, after); err != nil {
+			return err
+		}
+		saved, err := b.toProto(cur)
+		if err != nil {
+			return err
+		}
+		copyUpdateTime(after, saved)
+		out = after
+		objID, orgID, teamID := b.scope(cur)
+		if err := tx.Audit(ctx, audit.ActionUpdated, string(b.object), objID, orgID, teamID, auditJSON(before), auditJSON(after)); err != nil {
+			return err
+		}
+		return outbox(ctx, tx, events.For(b.object, events.OpUpsert), orgID, objID, nil)
+	})
+	return out, err
+}
+
+// copyUpdateTime sets the update_time field of dst to that of src (both
+// messages of one type that has the field).
+func copyUpdateTime(dst, src proto.Message) {
+	d := dst.ProtoReflect()
+	fd := d.Descriptor().Fields().ByName("update_time")
+	d.Set(fd, src.ProtoReflect().Get(fd))
+}
+
+// refuseImmutable refuses an update_mask that names one of paths, with
+// why the field cannot change.
+func refuseImmutable(mask *fieldmaskpb.FieldMask, why string, paths ...string) error {
+	for _, p := range mask.GetPaths() {
+		for _, im := range paths {
+			if p == im {
+				return invalid("update_mask", "%s is immutable: %s", p, why)
+			}
+		}
+	}
+	return nil
+}
+
+// orgObjectGate is the gate of an org-level object (users, customers,
+// label scopes, trusted issuers): orgLevelGate for verb on what, then the
+// presence of the id in the request field named field.
+func orgObjectGate(ctx context.Context, verb authz.Verb, what, field, id string) error {
+	if err := orgLevelGate(ctx, verb, what); err != nil {
+		return err
+	}
+	return requireID(field, id)
+}
+
+// createTenant resolves and authorises the org of a request creating an
+// org-level object (what: "customers"): orgLevelGate, then createOrg, then
+// a write check on what of that org.
+func createTenant(ctx context.Context, orgID, what string) (string, error) {
+	if err := orgLevelGate(ctx, authz.Write, what); err != nil {
+		return "", err
+	}
+	orgID, err := createOrg(ctx, orgID)
+	if err != nil {
+		return "", err
+	}
+	return orgID, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, what+" of org "+orgID))
+}
+
+// page converts one page of rows (of at most limit) and returns it with
+// the token of the next page, made from cursor of the last row.
+func page[T, P any](rows []T, limit int, toProto func(T) (P, error), cursor func(T) string) ([]P, string, error) {
+	var out []P
+	for _, r := range rows {
+		p, err := toProto(r)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, p)
+	}
+	if len(rows) == 0 {
+		return out, "", nil
+	}
+	return out, nextPageToken(len(rows), limit, cursor(rows[len(rows)-1])), nil
+}
+
+// infallible adapts a conversion that cannot fail for page and mutable.
+func infallible[T, P any](f func(T) P) func(T) (P, error) {
+	return func(t T) (P, error) { return f(t), nil }
+}
+
+// reply wraps the response message r of a handler, or returns err.
+func reply[R any](r *R, err error) (*connect.Response[R], error) {
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(r), nil
 }

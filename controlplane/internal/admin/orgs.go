@@ -4,10 +4,8 @@ import (
 	"context"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -49,24 +47,8 @@ func (s *orgService) CreateOrg(ctx context.Context, req *connect.Request[adminv1
 		return nil, err
 	}
 	o := store.Org{ID: ids.New(ids.Org), Name: want.Name, Limits: limitsJSON(want.Limits), Metadata: want.Metadata}
-	var out *adminv1.Org
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		if err := tx.OrgInsert(ctx, &o); err != nil {
-			return err
-		}
-		var err error
-		if out, err = orgToProto(o); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionCreated, objOrg, o.ID, o.ID, "", nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.OrgUpserted, o.ID, o.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateOrgResponse{Org: out}), nil
+	out, err := createObject(ctx, s.store, orgObjects, &o, func(tx *store.Tx) error { return tx.OrgInsert(ctx, &o) })
+	return reply(&adminv1.CreateOrgResponse{Org: out}, err)
 }
 
 func (s *orgService) GetOrg(ctx context.Context, req *connect.Request[adminv1.GetOrgRequest]) (*connect.Response[adminv1.GetOrgResponse], error) {
@@ -78,10 +60,7 @@ func (s *orgService) GetOrg(ctx context.Context, req *connect.Request[adminv1.Ge
 		return nil, err
 	}
 	out, err := orgToProto(o)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetOrgResponse{Org: out}), nil
+	return reply(&adminv1.GetOrgResponse{Org: out}, err)
 }
 
 func (s *orgService) ListOrgs(ctx context.Context, req *connect.Request[adminv1.ListOrgsRequest]) (*connect.Response[adminv1.ListOrgsResponse], error) {
@@ -106,70 +85,39 @@ func (s *orgService) ListOrgs(ctx context.Context, req *connect.Request[adminv1.
 		return nil, err
 	}
 	resp := &adminv1.ListOrgsResponse{}
-	for _, r := range rows {
-		o, err := orgToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Orgs = append(resp.Orgs, o)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Orgs, resp.NextPageToken, err = page(rows, limit, orgToProto, func(o store.Org) string { return o.ID })
+	return reply(resp, err)
 }
 
 func (s *orgService) UpdateOrg(ctx context.Context, req *connect.Request[adminv1.UpdateOrgRequest]) (*connect.Response[adminv1.UpdateOrgResponse], error) {
-	id := req.Msg.GetOrg().GetId()
-	var out *adminv1.Org
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.OrgGetForUpdate(ctx, tenant(ctx), id)
+	src, mask := req.Msg.GetOrg(), req.Msg.GetUpdateMask()
+	// Changing an org's limits takes a platform admin, checked once the
+	// org is found and the caller may edit it.
+	b := orgObjects
+	b.lock = func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Org, error) {
+		cur, err := orgObjects.lock(ctx, tx, id, op)
 		if err != nil {
-			return err
+			return cur, err
 		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.ID, "org "+cur.ID)); err != nil {
-			return err
-		}
-		if err := checkOrgLimitsMask(ctx, req.Msg.GetUpdateMask()); err != nil {
-			return err
-		}
-		before, err := orgToProto(cur)
-		if err != nil {
-			return err
-		}
-		after := proto.Clone(before).(*adminv1.Org)
-		if err := applyMask(after, req.Msg.GetOrg(), req.Msg.GetUpdateMask(), "name", "limits", "metadata"); err != nil {
-			return err
-		}
-		if err := validateOrg(after); err != nil {
-			return err
-		}
-		cur.Name, cur.Limits, cur.Metadata = after.Name, limitsJSON(after.Limits), after.Metadata
-		if err := tx.OrgUpdate(ctx, &cur); err != nil {
-			return err
-		}
-		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
-		out = after
-		if err := tx.Audit(ctx, audit.ActionUpdated, objOrg, cur.ID, cur.ID, "", auditJSON(before), auditJSON(after)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.OrgUpserted, cur.ID, cur.ID, nil)
-	})
-	if err != nil {
-		return nil, err
+		return cur, checkOrgLimitsMask(ctx, mask)
 	}
-	return connect.NewResponse(&adminv1.UpdateOrgResponse{Org: out}), nil
+	out, err := updateObject(ctx, s.store, b, src.GetId(), src, mask, []string{"name", "limits", "metadata"},
+		func(tx *store.Tx, cur *store.Org, _, after *adminv1.Org) error {
+			if err := validateOrg(after); err != nil {
+				return err
+			}
+			cur.Name, cur.Limits, cur.Metadata = after.Name, limitsJSON(after.Limits), after.Metadata
+			return tx.OrgUpdate(ctx, cur)
+		})
+	return reply(&adminv1.UpdateOrgResponse{Org: out}, err)
 }
 
 func (s *orgService) DeleteOrg(ctx context.Context, req *connect.Request[adminv1.DeleteOrgRequest]) (*connect.Response[adminv1.DeleteOrgResponse], error) {
-	if err := deleteObject(ctx, s.store, orgObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteOrgResponse{}), nil
+	return reply(&adminv1.DeleteOrgResponse{}, deleteObject(ctx, s.store, orgObjects, req.Msg.GetId()))
 }
 
-// orgObjects is the object of Block/Unblock/DeleteOrg: only platform admins block or delete
-// an org.
+// orgObjects is the object of Create/Update/Block/Unblock/DeleteOrg: org
+// editors update an org, only platform admins block or delete one.
 var orgObjects = mutable[store.Org, *adminv1.Org]{
 	object: events.ObjOrg,
 	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Org, error) {
@@ -177,11 +125,14 @@ var orgObjects = mutable[store.Org, *adminv1.Org]{
 		if err != nil {
 			return cur, err
 		}
-		what := "blocking or unblocking an org"
-		if op == events.OpDelete {
-			what = "deleting an org"
+		target := authz.PlatformTarget("blocking or unblocking an org")
+		switch op {
+		case events.OpUpsert:
+			target = authz.OrgTarget(cur.ID, "org "+cur.ID)
+		case events.OpDelete:
+			target = authz.PlatformTarget("deleting an org")
 		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.PlatformTarget(what))
+		return cur, authz.Check(ctx, principal(ctx), authz.Write, target)
 	},
 	remove: func(ctx context.Context, tx *store.Tx, cur store.Org) (any, error) {
 		return nil, tx.OrgDelete(ctx, cur.ID)
@@ -193,22 +144,12 @@ var orgObjects = mutable[store.Org, *adminv1.Org]{
 	scope:   func(o store.Org) (string, string, string) { return o.ID, o.ID, "" },
 }
 
-func (s *orgService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Org, error) {
-	return setBlocked(ctx, s.store, orgObjects, id, blocked)
-}
-
 func (s *orgService) BlockOrg(ctx context.Context, req *connect.Request[adminv1.BlockOrgRequest]) (*connect.Response[adminv1.BlockOrgResponse], error) {
-	o, err := s.setBlocked(ctx, req.Msg.GetId(), true)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.BlockOrgResponse{Org: o}), nil
+	o, err := setBlocked(ctx, s.store, orgObjects, req.Msg.GetId(), true)
+	return reply(&adminv1.BlockOrgResponse{Org: o}, err)
 }
 
 func (s *orgService) UnblockOrg(ctx context.Context, req *connect.Request[adminv1.UnblockOrgRequest]) (*connect.Response[adminv1.UnblockOrgResponse], error) {
-	o, err := s.setBlocked(ctx, req.Msg.GetId(), false)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UnblockOrgResponse{Org: o}), nil
+	o, err := setBlocked(ctx, s.store, orgObjects, req.Msg.GetId(), false)
+	return reply(&adminv1.UnblockOrgResponse{Org: o}, err)
 }

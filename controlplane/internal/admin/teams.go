@@ -90,20 +90,6 @@ func checkTeam(c *validator, t *adminv1.Team) {
 	validateFallbackOverrides(c, "fallbacks", t.GetFallbacks())
 }
 
-// teamAudit writes the audit record of a change to team t; team_id is set
-// so that the team's own tokens can read its trail. A nil before or after
-// means "no document" (creation, deletion).
-func teamAudit(ctx context.Context, tx *store.Tx, action string, t store.Team, before, after *adminv1.Team) error {
-	var b, a []byte
-	if before != nil {
-		b = auditJSON(before)
-	}
-	if after != nil {
-		a = auditJSON(after)
-	}
-	return tx.Audit(ctx, action, objTeam, t.ID, t.OrgID, t.ID, b, a)
-}
-
 func requireField(field, v string) error {
 	if v == "" {
 		return invalid(field, "required")
@@ -137,8 +123,7 @@ func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[admin
 		ID: ids.New(ids.Team), OrgID: orgID, Name: want.Name, Limits: limitsJSON(want.Limits), Metadata: want.Metadata,
 		TrafficClass: trafficClassToDB(want.TrafficClass), ModelGroupAliases: want.ModelGroupAliases,
 	}
-	var out *adminv1.Team
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
+	out, err := createObject(ctx, s.store, teamObjects, &t, func(tx *store.Tx) error {
 		// The org must exist and be visible; locking it keeps it from
 		// being deleted under the new team.
 		if _, err := tx.OrgGetForUpdate(ctx, tenant(ctx), orgID); err != nil {
@@ -147,22 +132,9 @@ func (s *teamService) CreateTeam(ctx context.Context, req *connect.Request[admin
 		if err := tx.TeamInsert(ctx, &t); err != nil {
 			return err
 		}
-		if err := setOverrides(ctx, tx, nil, want.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, &t, f) }); err != nil {
-			return err
-		}
-		var err error
-		if out, err = teamToProto(t); err != nil {
-			return err
-		}
-		if err := teamAudit(ctx, tx, audit.ActionCreated, t, nil, out); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.TeamUpserted, t.OrgID, t.ID, nil)
+		return setOverrides(ctx, tx, nil, want.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, &t, f) })
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateTeamResponse{Team: out}), nil
+	return reply(&adminv1.CreateTeamResponse{Team: out}, err)
 }
 
 func (s *teamService) GetTeam(ctx context.Context, req *connect.Request[adminv1.GetTeamRequest]) (*connect.Response[adminv1.GetTeamResponse], error) {
@@ -177,10 +149,7 @@ func (s *teamService) GetTeam(ctx context.Context, req *connect.Request[adminv1.
 		return nil, err
 	}
 	out, err := teamToProto(t)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetTeamResponse{Team: out}), nil
+	return reply(&adminv1.GetTeamResponse{Team: out}, err)
 }
 
 func (s *teamService) ListTeams(ctx context.Context, req *connect.Request[adminv1.ListTeamsRequest]) (*connect.Response[adminv1.ListTeamsResponse], error) {
@@ -213,79 +182,42 @@ func (s *teamService) ListTeams(ctx context.Context, req *connect.Request[adminv
 		return nil, err
 	}
 	resp := &adminv1.ListTeamsResponse{}
-	for _, r := range rows {
-		tm, err := teamToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Teams = append(resp.Teams, tm)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Teams, resp.NextPageToken, err = page(rows, limit, teamToProto, func(t store.Team) string { return t.ID })
+	return reply(resp, err)
 }
 
 func (s *teamService) UpdateTeam(ctx context.Context, req *connect.Request[adminv1.UpdateTeamRequest]) (*connect.Response[adminv1.UpdateTeamResponse], error) {
-	id := req.Msg.GetTeam().GetId()
-	if err := requireField("team.id", id); err != nil {
+	src := req.Msg.GetTeam()
+	if err := teamObjects.gate(ctx, "team.id", src.GetId()); err != nil {
 		return nil, err
 	}
-	var out *adminv1.Team
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := teamToProto(cur)
-		if err != nil {
-			return err
-		}
-		after := proto.Clone(before).(*adminv1.Team)
-		if err := applyMask(after, req.Msg.GetTeam(), req.Msg.GetUpdateMask(),
-			"name", "limits", "metadata", "traffic_class", "model_group_aliases", "fallbacks"); err != nil {
-			return err
-		}
-		if err := validateTeam(after); err != nil {
-			return err
-		}
-		cur.Name, cur.Limits, cur.Metadata = after.Name, limitsJSON(after.Limits), after.Metadata
-		cur.TrafficClass, cur.ModelGroupAliases = trafficClassToDB(after.TrafficClass), after.ModelGroupAliases
-		if err := tx.TeamUpdate(ctx, &cur); err != nil {
-			return err
-		}
-		if err := setOverrides(ctx, tx, before.GetFallbacks(), after.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, &cur, f) }); err != nil {
-			return err
-		}
-		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
-		out = after
-		if err := teamAudit(ctx, tx, audit.ActionUpdated, cur, before, after); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.TeamUpserted, cur.OrgID, cur.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateTeamResponse{Team: out}), nil
+	out, err := updateObject(ctx, s.store, teamObjects, src.GetId(), src, req.Msg.GetUpdateMask(),
+		[]string{"name", "limits", "metadata", "traffic_class", "model_group_aliases", "fallbacks"},
+		func(tx *store.Tx, cur *store.Team, before, after *adminv1.Team) error {
+			if err := validateTeam(after); err != nil {
+				return err
+			}
+			cur.Name, cur.Limits, cur.Metadata = after.Name, limitsJSON(after.Limits), after.Metadata
+			cur.TrafficClass, cur.ModelGroupAliases = trafficClassToDB(after.TrafficClass), after.ModelGroupAliases
+			if err := tx.TeamUpdate(ctx, cur); err != nil {
+				return err
+			}
+			return setOverrides(ctx, tx, before.GetFallbacks(), after.GetFallbacks(), func(f store.Fallbacks) error { return tx.TeamFallbacksSet(ctx, cur, f) })
+		})
+	return reply(&adminv1.UpdateTeamResponse{Team: out}, err)
 }
 
 func (s *teamService) DeleteTeam(ctx context.Context, req *connect.Request[adminv1.DeleteTeamRequest]) (*connect.Response[adminv1.DeleteTeamResponse], error) {
-	if err := deleteObject(ctx, s.store, teamObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteTeamResponse{}), nil
+	return reply(&adminv1.DeleteTeamResponse{}, deleteObject(ctx, s.store, teamObjects, req.Msg.GetId()))
 }
 
-// teamObjects is the object of Block/Unblock/DeleteTeam; its audit record names the
-// team as its own team.
+// teamObjects is the object of Create/Update/Block/Unblock/DeleteTeam; its
+// audit record names the team as its own team, so that the team's own
+// tokens can read its trail.
 var teamObjects = mutable[store.Team, *adminv1.Team]{
 	object: events.ObjTeam,
-	gate:   func(_ context.Context, id string) error { return requireField("id", id) },
-	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Team, error) {
+	gate:   func(_ context.Context, field, id string) error { return requireField(field, id) },
+	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.Team, error) {
 		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
 			return cur, err
@@ -304,24 +236,14 @@ var teamObjects = mutable[store.Team, *adminv1.Team]{
 	scope:   func(t store.Team) (string, string, string) { return t.ID, t.OrgID, t.ID },
 }
 
-func (s *teamService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.Team, error) {
-	return setBlocked(ctx, s.store, teamObjects, id, blocked)
-}
-
 func (s *teamService) BlockTeam(ctx context.Context, req *connect.Request[adminv1.BlockTeamRequest]) (*connect.Response[adminv1.BlockTeamResponse], error) {
-	t, err := s.setBlocked(ctx, req.Msg.GetId(), true)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.BlockTeamResponse{Team: t}), nil
+	t, err := setBlocked(ctx, s.store, teamObjects, req.Msg.GetId(), true)
+	return reply(&adminv1.BlockTeamResponse{Team: t}, err)
 }
 
 func (s *teamService) UnblockTeam(ctx context.Context, req *connect.Request[adminv1.UnblockTeamRequest]) (*connect.Response[adminv1.UnblockTeamResponse], error) {
-	t, err := s.setBlocked(ctx, req.Msg.GetId(), false)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UnblockTeamResponse{Team: t}), nil
+	t, err := setBlocked(ctx, s.store, teamObjects, req.Msg.GetId(), false)
+	return reply(&adminv1.UnblockTeamResponse{Team: t}, err)
 }
 
 // Team members.
@@ -527,15 +449,6 @@ func (s *teamService) ListTeamMembers(ctx context.Context, req *connect.Request[
 		return nil, err
 	}
 	resp := &adminv1.ListTeamMembersResponse{}
-	for _, r := range rows {
-		m, err := memberToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Members = append(resp.Members, m)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].UserID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Members, resp.NextPageToken, err = page(rows, limit, memberToProto, func(m store.TeamMember) string { return m.UserID })
+	return reply(resp, err)
 }

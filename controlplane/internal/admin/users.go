@@ -7,10 +7,8 @@ import (
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluicegw/sluice/controlplane/internal/audit"
 	"github.com/sluicegw/sluice/controlplane/internal/authz"
 	"github.com/sluicegw/sluice/controlplane/internal/events"
 	"github.com/sluicegw/sluice/controlplane/internal/store"
@@ -131,15 +129,9 @@ func validateUser(u *adminv1.User) error {
 }
 
 func (s *userService) CreateUser(ctx context.Context, req *connect.Request[adminv1.CreateUserRequest]) (*connect.Response[adminv1.CreateUserResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
-		return nil, err
-	}
 	m := req.Msg
-	orgID, err := createOrg(ctx, m.GetOrgId())
+	orgID, err := createTenant(ctx, m.GetOrgId(), "users")
 	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(orgID, "users of org "+orgID)); err != nil {
 		return nil, err
 	}
 	want := &adminv1.User{Email: normalizeEmail(m.GetEmail()), DisplayName: m.GetDisplayName(), Limits: m.GetLimits(), Metadata: m.GetMetadata()}
@@ -148,32 +140,13 @@ func (s *userService) CreateUser(ctx context.Context, req *connect.Request[admin
 	}
 	u := store.User{ID: ids.New(ids.User), OrgID: orgID, Email: want.Email, DisplayName: want.DisplayName,
 		Limits: limitsJSON(want.Limits), Metadata: want.Metadata}
-	var out *adminv1.User
-	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		if err := tx.UserInsert(ctx, &u); err != nil {
-			return err
-		}
-		var err error
-		if out, err = userToProto(u); err != nil {
-			return err
-		}
-		if err := tx.Audit(ctx, audit.ActionCreated, objUser, u.ID, u.OrgID, "", nil, auditJSON(out)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.UserUpserted, u.OrgID, u.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.CreateUserResponse{User: out}), nil
+	out, err := createObject(ctx, s.store, userObjects, &u, func(tx *store.Tx) error { return tx.UserInsert(ctx, &u) })
+	return reply(&adminv1.CreateUserResponse{User: out}, err)
 }
 
 func (s *userService) GetUser(ctx context.Context, req *connect.Request[adminv1.GetUserRequest]) (*connect.Response[adminv1.GetUserResponse], error) {
-	if err := orgLevelGate(ctx, authz.Read, "users"); err != nil {
-		return nil, err
-	}
 	id := req.Msg.GetId()
-	if err := requireID("id", id); err != nil {
+	if err := orgObjectGate(ctx, authz.Read, "users", "id", id); err != nil {
 		return nil, err
 	}
 	u, err := s.store.UserGet(ctx, tenant(ctx), id)
@@ -184,10 +157,7 @@ func (s *userService) GetUser(ctx context.Context, req *connect.Request[adminv1.
 		return nil, err
 	}
 	out, err := userToProto(u)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetUserResponse{User: out}), nil
+	return reply(&adminv1.GetUserResponse{User: out}, err)
 }
 
 func (s *userService) ListUsers(ctx context.Context, req *connect.Request[adminv1.ListUsersRequest]) (*connect.Response[adminv1.ListUsersResponse], error) {
@@ -206,82 +176,38 @@ func (s *userService) ListUsers(ctx context.Context, req *connect.Request[adminv
 		return nil, err
 	}
 	resp := &adminv1.ListUsersResponse{}
-	for _, r := range rows {
-		u, err := userToProto(r)
-		if err != nil {
-			return nil, err
-		}
-		resp.Users = append(resp.Users, u)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Users, resp.NextPageToken, err = page(rows, limit, userToProto, func(u store.User) string { return u.ID })
+	return reply(resp, err)
 }
 
 func (s *userService) UpdateUser(ctx context.Context, req *connect.Request[adminv1.UpdateUserRequest]) (*connect.Response[adminv1.UpdateUserResponse], error) {
-	if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
+	src := req.Msg.GetUser()
+	if err := userObjects.gate(ctx, "user.id", src.GetId()); err != nil {
 		return nil, err
 	}
-	id := req.Msg.GetUser().GetId()
-	if err := requireID("user.id", id); err != nil {
-		return nil, err
-	}
-	var out *adminv1.User
-	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return err
-		}
-		if err := authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID)); err != nil {
-			return err
-		}
-		before, err := userToProto(cur)
-		if err != nil {
-			return err
-		}
-		after := proto.Clone(before).(*adminv1.User)
-		if err := applyMask(after, req.Msg.GetUser(), req.Msg.GetUpdateMask(), userUpdatable...); err != nil {
-			return err
-		}
-		after.Email = normalizeEmail(after.Email)
-		if err := validateUser(after); err != nil {
-			return err
-		}
-		cur.Email, cur.DisplayName, cur.Limits, cur.Metadata = after.Email, after.DisplayName, limitsJSON(after.Limits), after.Metadata
-		if err := tx.UserUpdate(ctx, &cur); err != nil {
-			return err
-		}
-		after.UpdateTime = timestamppb.New(cur.UpdatedAt)
-		out = after
-		if err := tx.Audit(ctx, audit.ActionUpdated, objUser, cur.ID, cur.OrgID, "", auditJSON(before), auditJSON(after)); err != nil {
-			return err
-		}
-		return outbox(ctx, tx, events.UserUpserted, cur.OrgID, cur.ID, nil)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateUserResponse{User: out}), nil
+	out, err := updateObject(ctx, s.store, userObjects, src.GetId(), src, req.Msg.GetUpdateMask(), userUpdatable,
+		func(tx *store.Tx, cur *store.User, _, after *adminv1.User) error {
+			after.Email = normalizeEmail(after.Email)
+			if err := validateUser(after); err != nil {
+				return err
+			}
+			cur.Email, cur.DisplayName, cur.Limits, cur.Metadata = after.Email, after.DisplayName, limitsJSON(after.Limits), after.Metadata
+			return tx.UserUpdate(ctx, cur)
+		})
+	return reply(&adminv1.UpdateUserResponse{User: out}, err)
 }
 
 func (s *userService) DeleteUser(ctx context.Context, req *connect.Request[adminv1.DeleteUserRequest]) (*connect.Response[adminv1.DeleteUserResponse], error) {
-	if err := deleteObject(ctx, s.store, userObjects, req.Msg.GetId()); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.DeleteUserResponse{}), nil
+	return reply(&adminv1.DeleteUserResponse{}, deleteObject(ctx, s.store, userObjects, req.Msg.GetId()))
 }
 
-// userObjects is the object of Block/Unblock/DeleteUser.
+// userObjects is the object of Create/Update/Block/Unblock/DeleteUser.
 var userObjects = mutable[store.User, *adminv1.User]{
 	object: events.ObjUser,
-	gate: func(ctx context.Context, id string) error {
-		if err := orgLevelGate(ctx, authz.Write, "users"); err != nil {
-			return err
-		}
-		return requireID("id", id)
+	gate: func(ctx context.Context, field, id string) error {
+		return orgObjectGate(ctx, authz.Write, "users", field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.User, error) {
+	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.User, error) {
 		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {
 			return cur, err
@@ -300,22 +226,12 @@ var userObjects = mutable[store.User, *adminv1.User]{
 	scope:   func(u store.User) (string, string, string) { return u.ID, u.OrgID, "" },
 }
 
-func (s *userService) setBlocked(ctx context.Context, id string, blocked bool) (*adminv1.User, error) {
-	return setBlocked(ctx, s.store, userObjects, id, blocked)
-}
-
 func (s *userService) BlockUser(ctx context.Context, req *connect.Request[adminv1.BlockUserRequest]) (*connect.Response[adminv1.BlockUserResponse], error) {
-	u, err := s.setBlocked(ctx, req.Msg.GetId(), true)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.BlockUserResponse{User: u}), nil
+	u, err := setBlocked(ctx, s.store, userObjects, req.Msg.GetId(), true)
+	return reply(&adminv1.BlockUserResponse{User: u}, err)
 }
 
 func (s *userService) UnblockUser(ctx context.Context, req *connect.Request[adminv1.UnblockUserRequest]) (*connect.Response[adminv1.UnblockUserResponse], error) {
-	u, err := s.setBlocked(ctx, req.Msg.GetId(), false)
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UnblockUserResponse{User: u}), nil
+	u, err := setBlocked(ctx, s.store, userObjects, req.Msg.GetId(), false)
+	return reply(&adminv1.UnblockUserResponse{User: u}, err)
 }
