@@ -180,77 +180,72 @@ func idRef(id string, _ []byte) ref { return ref{id: id} }
 
 var all = store.Tenant{}
 
+// loader makes an object's load: get reads the object of a row, conv
+// converts it (now is the clock of key grace periods) and set makes the
+// result the event's change.
+func loader[T, M any](
+	get func(context.Context, *store.Store, ref) (T, error),
+	conv func(T, time.Time) (M, error),
+	set func(*configv1.Event, M),
+) func(context.Context, *store.Store, ref, time.Time, *configv1.Event) error {
+	return func(ctx context.Context, st *store.Store, r ref, now time.Time, ev *configv1.Event) error {
+		v, err := get(ctx, st, r)
+		if err != nil {
+			return err
+		}
+		m, err := conv(v, now)
+		set(ev, m)
+		return err
+	}
+}
+
+// byID reads a row's object with a store getter by id.
+func byID[T any](get func(*store.Store, context.Context, string) (T, error)) func(context.Context, *store.Store, ref) (T, error) {
+	return func(ctx context.Context, st *store.Store, r ref) (T, error) { return get(st, ctx, r.id) }
+}
+
+// byIDInAnyOrg reads a row's object with a tenant-filtered store getter,
+// in every org.
+func byIDInAnyOrg[T any](get func(*store.Store, context.Context, store.Tenant, string) (T, error)) func(context.Context, *store.Store, ref) (T, error) {
+	return func(ctx context.Context, st *store.Store, r ref) (T, error) { return get(st, ctx, all, r.id) }
+}
+
+// timeless adapts a converter that does not depend on the clock.
+func timeless[T, M any](conv func(T) (M, error)) func(T, time.Time) (M, error) {
+	return func(v T, _ time.Time) (M, error) { return conv(v) }
+}
+
 // objects are the loaders and converters, one per object type.
 var objects = map[Object]object{
 	ObjOrg: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			o, err := st.OrgGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Org(o)
-			ev.Change = &configv1.Event_Org{Org: m}
-			return err
-		},
+		load: loader(byIDInAnyOrg((*store.Store).OrgGet), timeless(configmsg.Org),
+			func(ev *configv1.Event, m *configv1.Org) { ev.Change = &configv1.Event_Org{Org: m} }),
 		deleted: func(r ref, ev *configv1.Event) { ev.Change = &configv1.Event_OrgDeleted{OrgDeleted: r.id} }},
 	ObjTeam: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			t, err := st.TeamGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Team(t)
-			ev.Change = &configv1.Event_Team{Team: m}
-			return err
-		},
+		load: loader(byIDInAnyOrg((*store.Store).TeamGet), timeless(configmsg.Team),
+			func(ev *configv1.Event, m *configv1.Team) { ev.Change = &configv1.Event_Team{Team: m} }),
 		deleted: func(r ref, ev *configv1.Event) { ev.Change = &configv1.Event_TeamDeleted{TeamDeleted: r.id} }},
 	ObjUser: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			u, err := st.UserGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.User(u)
-			ev.Change = &configv1.Event_User{User: m}
-			return err
-		},
+		load: loader(byIDInAnyOrg((*store.Store).UserGet), timeless(configmsg.User),
+			func(ev *configv1.Event, m *configv1.User) { ev.Change = &configv1.Event_User{User: m} }),
 		deleted: func(r ref, ev *configv1.Event) { ev.Change = &configv1.Event_UserDeleted{UserDeleted: r.id} }},
 	ObjCustomer: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			c, err := st.CustomerGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Customer(c)
-			ev.Change = &configv1.Event_Customer{Customer: m}
-			return err
-		},
+		load: loader(byIDInAnyOrg((*store.Store).CustomerGet), timeless(configmsg.Customer),
+			func(ev *configv1.Event, m *configv1.Customer) { ev.Change = &configv1.Event_Customer{Customer: m} }),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_CustomerDeleted{CustomerDeleted: r.id}
 		}},
 	ObjLabelScope: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			l, err := st.LabelScopeGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.LabelScope(l)
-			ev.Change = &configv1.Event_LabelScope{LabelScope: m}
-			return err
-		},
+		load: loader(byIDInAnyOrg((*store.Store).LabelScopeGet), timeless(configmsg.LabelScope),
+			func(ev *configv1.Event, m *configv1.LabelScope) {
+				ev.Change = &configv1.Event_LabelScope{LabelScope: m}
+			}),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_LabelScopeDeleted{LabelScopeDeleted: r.id}
 		}},
 	ObjKey: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, now time.Time, ev *configv1.Event) error {
-			k, err := st.ConfigKeyGet(ctx, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Key(k, now)
-			ev.Change = &configv1.Event_Key{Key: m}
-			return err
-		},
+		load: loader(byID((*store.Store).ConfigKeyGet), configmsg.Key,
+			func(ev *configv1.Event, m *configv1.Key) { ev.Change = &configv1.Event_Key{Key: m} }),
 		deleted: func(r ref, ev *configv1.Event) { ev.Change = &configv1.Event_KeyDeleted{KeyDeleted: r.id} }},
 	ObjMember: {
 		ref: func(id string, payload []byte) ref {
@@ -262,53 +257,37 @@ var objects = map[Object]object{
 			}
 			return ref{id: id, teamID: p.TeamID, userID: p.UserID}
 		},
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			mb, err := st.ConfigMemberGet(ctx, r.teamID, r.userID)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Member(mb)
-			ev.Change = &configv1.Event_Member{Member: m}
-			return err
-		},
+		load: loader(func(ctx context.Context, st *store.Store, r ref) (store.TeamMember, error) {
+			return st.ConfigMemberGet(ctx, r.teamID, r.userID)
+		}, timeless(configmsg.Member),
+			func(ev *configv1.Event, m *configv1.Member) { ev.Change = &configv1.Event_Member{Member: m} }),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_MemberDeleted{MemberDeleted: &configv1.MemberRef{TeamId: r.teamID, UserId: r.userID}}
 		}},
 	ObjModelGroup: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			g, err := st.ModelGroupGet(ctx, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.ModelGroup(g)
-			ev.Change = &configv1.Event_ModelGroup{ModelGroup: m}
-			return err
-		},
+		load: loader(byID((*store.Store).ModelGroupGet), timeless(configmsg.ModelGroup),
+			func(ev *configv1.Event, m *configv1.ModelGroup) {
+				ev.Change = &configv1.Event_ModelGroup{ModelGroup: m}
+			}),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_ModelGroupDeleted{ModelGroupDeleted: r.id}
 		}},
 	ObjDeployment: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			d, err := st.DeploymentGet(ctx, r.id)
-			if err != nil {
-				return err
-			}
-			m, err := configmsg.Deployment(d)
-			ev.Change = &configv1.Event_Deployment{Deployment: m}
-			return err
-		},
+		load: loader(byID((*store.Store).DeploymentGet), timeless(configmsg.Deployment),
+			func(ev *configv1.Event, m *configv1.Deployment) {
+				ev.Change = &configv1.Event_Deployment{Deployment: m}
+			}),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_DeploymentDeleted{DeploymentDeleted: r.id}
 		}},
 	ObjTrustedIssuer: {ref: idRef,
-		load: func(ctx context.Context, st *store.Store, r ref, _ time.Time, ev *configv1.Event) error {
-			ti, err := st.TrustedIssuerGet(ctx, all, r.id)
-			if err != nil {
-				return err
-			}
-			ev.Change = &configv1.Event_TrustedIssuer{TrustedIssuer: configmsg.TrustedIssuer(ti)}
-			return nil
-		},
+		load: loader(byIDInAnyOrg((*store.Store).TrustedIssuerGet),
+			func(ti store.TrustedIssuer, _ time.Time) (*configv1.TrustedIssuer, error) {
+				return configmsg.TrustedIssuer(ti), nil
+			},
+			func(ev *configv1.Event, m *configv1.TrustedIssuer) {
+				ev.Change = &configv1.Event_TrustedIssuer{TrustedIssuer: m}
+			}),
 		deleted: func(r ref, ev *configv1.Event) {
 			ev.Change = &configv1.Event_TrustedIssuerDeleted{TrustedIssuerDeleted: r.id}
 		}},
