@@ -76,6 +76,26 @@ func (w *windowArgs) add(i int, sc BudgetScope) {
 	w.ends = append(w.ends, sc.End.UTC())
 }
 
+// spendRow is a row of every BudgetSpend<Kind> query: the index of the
+// scope in BudgetSpend's argument and its spend in USD.
+type spendRow struct {
+	Idx     int32
+	CostUsd float64
+}
+
+// spendRows converts the rows of one BudgetSpend<Kind> query (sqlc gives
+// each query its own row type, all of spendRow's shape).
+func spendRows[R ~struct {
+	Idx     int32
+	CostUsd float64
+}](rs []R, err error) ([]spendRow, error) {
+	out := make([]spendRow, len(rs))
+	for i, r := range rs {
+		out[i] = spendRow(r)
+	}
+	return out, err
+}
+
 // BudgetSpend returns the ledger spend in USD of every scope in its window
 // (out[i] is scopes[i]'s): one query per kind of scope, so its cost grows
 // with the number of budgeted scopes, not with the number of keys. For
@@ -88,17 +108,13 @@ func (s *Store) BudgetSpend(ctx context.Context, scopes []BudgetScope) ([]float6
 	for i, sc := range scopes {
 		byKind[sc.Kind] = append(byKind[sc.Kind], i)
 	}
-	type row struct {
-		idx  int32
-		cost float64
-	}
 	for kind, idxs := range byKind {
 		var w windowArgs
 		for _, i := range idxs {
 			w.add(i, scopes[i])
 		}
 		from, to := w.dayFroms, w.dayTos
-		var rows []row
+		var rows []spendRow
 		var err error
 		field := func(f func(BudgetScope) string) []string {
 			v := make([]string, len(idxs))
@@ -109,95 +125,55 @@ func (s *Store) BudgetSpend(ctx context.Context, scopes []BudgetScope) ([]float6
 		}
 		switch kind {
 		case budget.KindKey:
-			var rs []dbsqlc.BudgetSpendKeyRow
-			rs, err = s.q.BudgetSpendKey(ctx, s.pool, dbsqlc.BudgetSpendKeyParams{
+			rows, err = spendRows(s.q.BudgetSpendKey(ctx, s.pool, dbsqlc.BudgetSpendKeyParams{
 				Idx: w.idx, Ids: field(func(b BudgetScope) string { return b.KeyID }), OrgIds: field(func(b BudgetScope) string { return b.OrgID }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindUser:
-			var rs []dbsqlc.BudgetSpendUserRow
-			rs, err = s.q.BudgetSpendUser(ctx, s.pool, dbsqlc.BudgetSpendUserParams{
+			rows, err = spendRows(s.q.BudgetSpendUser(ctx, s.pool, dbsqlc.BudgetSpendUserParams{
 				Idx: w.idx, Ids: field(func(b BudgetScope) string { return b.UserID }), OrgIds: field(func(b BudgetScope) string { return b.OrgID }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindTeam:
-			var rs []dbsqlc.BudgetSpendTeamRow
-			rs, err = s.q.BudgetSpendTeam(ctx, s.pool, dbsqlc.BudgetSpendTeamParams{
+			rows, err = spendRows(s.q.BudgetSpendTeam(ctx, s.pool, dbsqlc.BudgetSpendTeamParams{
 				Idx: w.idx, Ids: field(func(b BudgetScope) string { return b.TeamID }), OrgIds: field(func(b BudgetScope) string { return b.OrgID }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindOrg:
-			var rs []dbsqlc.BudgetSpendOrgRow
-			rs, err = s.q.BudgetSpendOrg(ctx, s.pool, dbsqlc.BudgetSpendOrgParams{
+			rows, err = spendRows(s.q.BudgetSpendOrg(ctx, s.pool, dbsqlc.BudgetSpendOrgParams{
 				Idx: w.idx, Ids: field(func(b BudgetScope) string { return b.OrgID }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindCustomer:
-			var rs []dbsqlc.BudgetSpendCustomerRow
-			rs, err = s.q.BudgetSpendCustomer(ctx, s.pool, dbsqlc.BudgetSpendCustomerParams{
+			rows, err = spendRows(s.q.BudgetSpendCustomer(ctx, s.pool, dbsqlc.BudgetSpendCustomerParams{
 				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), ExternalIds: field(func(b BudgetScope) string { return b.Customer }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindProject:
-			var rs []dbsqlc.BudgetSpendProjectRow
-			rs, err = s.q.BudgetSpendProject(ctx, s.pool, dbsqlc.BudgetSpendProjectParams{
+			rows, err = spendRows(s.q.BudgetSpendProject(ctx, s.pool, dbsqlc.BudgetSpendProjectParams{
 				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), Names: field(func(b BudgetScope) string { return b.Label }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindTag:
-			var rs []dbsqlc.BudgetSpendTagRow
-			rs, err = s.q.BudgetSpendTag(ctx, s.pool, dbsqlc.BudgetSpendTagParams{
+			rows, err = spendRows(s.q.BudgetSpendTag(ctx, s.pool, dbsqlc.BudgetSpendTagParams{
 				Idx: w.idx, OrgIds: field(func(b BudgetScope) string { return b.OrgID }), Names: field(func(b BudgetScope) string { return b.Label }),
 				StartAts: w.starts, HeadEnds: w.headEnds, DayFroms: from, DayTos: to, TailStarts: w.tailStarts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindMember:
-			var rs []dbsqlc.BudgetSpendMemberRow
-			rs, err = s.q.BudgetSpendMember(ctx, s.pool, dbsqlc.BudgetSpendMemberParams{
+			rows, err = spendRows(s.q.BudgetSpendMember(ctx, s.pool, dbsqlc.BudgetSpendMemberParams{
 				Idx: w.idx, TeamIds: field(func(b BudgetScope) string { return b.TeamID }), UserIds: field(func(b BudgetScope) string { return b.UserID }),
 				StartAts: w.starts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindKeyModel:
-			var rs []dbsqlc.BudgetSpendKeyModelRow
-			rs, err = s.q.BudgetSpendKeyModel(ctx, s.pool, dbsqlc.BudgetSpendKeyModelParams{
+			rows, err = spendRows(s.q.BudgetSpendKeyModel(ctx, s.pool, dbsqlc.BudgetSpendKeyModelParams{
 				Idx: w.idx, KeyIds: field(func(b BudgetScope) string { return b.KeyID }), ModelGroups: field(func(b BudgetScope) string { return b.ModelGroup }),
 				StartAts: w.starts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		case budget.KindTeamModel:
-			var rs []dbsqlc.BudgetSpendTeamModelRow
-			rs, err = s.q.BudgetSpendTeamModel(ctx, s.pool, dbsqlc.BudgetSpendTeamModelParams{
+			rows, err = spendRows(s.q.BudgetSpendTeamModel(ctx, s.pool, dbsqlc.BudgetSpendTeamModelParams{
 				Idx: w.idx, TeamIds: field(func(b BudgetScope) string { return b.TeamID }), ModelGroups: field(func(b BudgetScope) string { return b.ModelGroup }),
 				StartAts: w.starts, EndAts: w.ends,
-			})
-			for _, r := range rs {
-				rows = append(rows, row{r.Idx, r.CostUsd})
-			}
+			}))
 		default:
 			return nil, fmt.Errorf("budget spend: unknown scope kind %q", kind)
 		}
@@ -205,10 +181,10 @@ func (s *Store) BudgetSpend(ctx context.Context, scopes []BudgetScope) ([]float6
 			return nil, fmt.Errorf("sum ledger spend of %d %s budgets: %w", len(idxs), kind, err)
 		}
 		for _, r := range rows {
-			if int(r.idx) < 0 || int(r.idx) >= len(out) {
-				return nil, fmt.Errorf("sum ledger spend of %s budgets: index %d out of range", kind, r.idx)
+			if int(r.Idx) < 0 || int(r.Idx) >= len(out) {
+				return nil, fmt.Errorf("sum ledger spend of %s budgets: index %d out of range", kind, r.Idx)
 			}
-			out[r.idx] = r.cost
+			out[r.Idx] = r.CostUsd
 		}
 	}
 	return out, nil
