@@ -38,7 +38,7 @@ var keyUpdatable = []string{
 
 // Key field bounds.
 const (
-	maxKeyLabelLen      = 100 // alias, project
+	maxKeyLabelLen      = 100 // alias, project (and project scope names)
 	maxKeyTags          = 64
 	maxKeyTagLen        = 64
 	maxEnforcedParams   = 32
@@ -104,7 +104,10 @@ func keySettings(sk *store.Key, k *adminv1.Key) {
 func validateKey(k *adminv1.Key, now time.Time, checkExpiry bool) error {
 	c := &validator{}
 	validateKeyLabel(c, "alias", k.GetAlias())
-	validateKeyLabel(c, "project", k.GetProject())
+	if k.GetProject() != "" {
+		// The same rule as project scopes: a key's project can be given limits.
+		validateProject(c, "project", k.GetProject())
+	}
 	if len(k.GetUserId()) > maxRefIDLen {
 		c.add("user_id", "must be at most %d characters", maxRefIDLen)
 	}
@@ -143,7 +146,7 @@ func validateTags(c *validator, field string, tags []string) {
 		f := fmt.Sprintf("%s[%d]", field, i)
 		switch {
 		case !tagPattern.MatchString(t):
-			c.add(f, "tag %q must be 1–%d characters of A-Z a-z 0-9 _ . : / -", t, maxKeyTagLen)
+			validateTag(c, f, t) // the same rule as tag scopes
 		case seen[t]:
 			c.add(f, "duplicate tag %q", t)
 		}

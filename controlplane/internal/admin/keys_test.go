@@ -825,3 +825,54 @@ func TestKeyOwnerMustBeATeamMember(t *testing.T) {
 	}))
 	require.Equal(t, "not_found", codeOf(err))
 }
+
+// TestKeyProjectFollowsTheProjectScopeRule: a key accepts as its project
+// (and its tags) exactly what a label scope accepts as a name, so every
+// key's project and tags can be given limits.
+func TestKeyProjectFollowsTheProjectScopeRule(t *testing.T) {
+	t.Parallel()
+	e := newKeyEnv(t)
+	k, _ := e.create(&adminv1.CreateKeyRequest{Project: "search"})
+	// (Invalid UTF-8 cannot travel in a proto string: it is not sent.)
+	bad := []string{"a\x00b", "tab\there", "line\nbreak", "\x7f", " lead", "trail ", strings.Repeat("p", 101)}
+	before := e.auditCount()
+	for _, name := range bad {
+		_, err := e.c.LabelScope.CreateLabelScope(e.ctx, connect.NewRequest(&adminv1.CreateLabelScopeRequest{
+			OrgId: e.org, Kind: adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT, Name: name,
+		}))
+		require.Equal(t, "invalid_argument", codeOf(err), "scope %q", name)
+		require.Contains(t, err.Error(), "name:", "scope %q", name)
+
+		_, err = e.c.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{OrgId: e.org, Project: name}))
+		require.Equal(t, "invalid_argument", codeOf(err), "create %q", name)
+		require.Contains(t, err.Error(), "project:", "create %q", name)
+
+		_, err = e.c.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
+			Key: &adminv1.Key{Id: k.Id, Project: name}, UpdateMask: keyMask("project"),
+		}))
+		require.Equal(t, "invalid_argument", codeOf(err), "update %q", name)
+		require.Contains(t, err.Error(), "project:", "update %q", name)
+	}
+	require.Equal(t, before, e.auditCount(), "refused requests write nothing")
+	require.Equal(t, "search", e.get(k.Id).GetProject())
+
+	// What a scope accepts, a key accepts, as its project and as a tag.
+	for _, name := range []string{"Team Alpha/β", "a", strings.Repeat("p", 100)} {
+		_, err := e.c.LabelScope.CreateLabelScope(e.ctx, connect.NewRequest(&adminv1.CreateLabelScopeRequest{
+			OrgId: e.org, Kind: adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT, Name: name,
+		}))
+		require.NoError(t, err, name)
+		resp, err := e.c.Key.UpdateKey(e.ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{
+			Key: &adminv1.Key{Id: k.Id, Project: name}, UpdateMask: keyMask("project"),
+		}))
+		require.NoError(t, err, name)
+		require.Equal(t, name, resp.Msg.GetKey().GetProject())
+	}
+	_, err := e.c.LabelScope.CreateLabelScope(e.ctx, connect.NewRequest(&adminv1.CreateLabelScopeRequest{
+		OrgId: e.org, Kind: adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG, Name: "bad tag",
+	}))
+	require.Equal(t, "invalid_argument", codeOf(err))
+	_, err = e.c.Key.CreateKey(e.ctx, connect.NewRequest(&adminv1.CreateKeyRequest{OrgId: e.org, Tags: []string{"bad tag"}}))
+	require.Equal(t, "invalid_argument", codeOf(err))
+	require.Contains(t, err.Error(), "tags[0]:")
+}

@@ -64,27 +64,40 @@ func validateLabelScope(ls *adminv1.LabelScope) error {
 	lvl := LevelProject
 	switch ls.GetKind() {
 	case adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT:
-		name := ls.GetName()
-		switch {
-		case name == "":
+		if ls.GetName() == "" {
 			c.add("name", "required")
-		case !utf8.ValidString(name) || utf8.RuneCountInString(name) > maxKeyLabelLen:
-			c.add("name", "must be 1–%d characters of valid UTF-8", maxKeyLabelLen)
-		case strings.TrimSpace(name) != name:
-			c.add("name", "must not start or end with spaces")
-		case strings.IndexFunc(name, unicode.IsControl) >= 0:
-			c.add("name", "must not contain control characters")
+		} else {
+			validateProject(c, "name", ls.GetName())
 		}
 	case adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG:
 		lvl = LevelTag
-		if !tagPattern.MatchString(ls.GetName()) {
-			c.add("name", "tag %q must be 1–%d characters of A-Z a-z 0-9 _ . : / -", ls.GetName(), maxKeyTagLen)
-		}
+		validateTag(c, "name", ls.GetName())
 	default:
 		c.add("kind", "must be LABEL_SCOPE_KIND_PROJECT or LABEL_SCOPE_KIND_TAG")
 	}
 	validateLimits(c, "limits", ls.GetLimits(), lvl, nil)
 	return c.err()
+}
+
+// validateProject checks a non-empty project name, as a key carries it
+// and a project scope names it: 1–100 characters of valid UTF-8, no
+// surrounding spaces, no control characters.
+func validateProject(c *validator, field, name string) {
+	switch {
+	case !utf8.ValidString(name) || utf8.RuneCountInString(name) > maxKeyLabelLen:
+		c.add(field, "must be 1–%d characters of valid UTF-8", maxKeyLabelLen)
+	case strings.TrimSpace(name) != name:
+		c.add(field, "must not start or end with spaces")
+	case strings.IndexFunc(name, unicode.IsControl) >= 0:
+		c.add(field, "must not contain control characters")
+	}
+}
+
+// validateTag checks a tag, as a key carries it and a tag scope names it.
+func validateTag(c *validator, field, tag string) {
+	if !tagPattern.MatchString(tag) {
+		c.add(field, "tag %q must be 1–%d characters of A-Z a-z 0-9 _ . : / -", tag, maxKeyTagLen)
+	}
 }
 
 func (s *labelScopeService) CreateLabelScope(ctx context.Context, req *connect.Request[adminv1.CreateLabelScopeRequest]) (*connect.Response[adminv1.CreateLabelScopeResponse], error) {
