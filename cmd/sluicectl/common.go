@@ -25,19 +25,12 @@ func idCommand(name, noun, summary string, do func(ctx context.Context, c *clien
 // name, arg in the usage) that prints one object.
 func oneArgCommand(name, arg, summary string, do func(ctx context.Context, c *clients, id string) (proto.Message, error), aliases ...string) *command {
 	return leaf(name, arg, summary, func(ctx context.Context, a *app, c *cmdArgs) error {
-		pos, err := a.parse(a.flags(c), c, 1, 1)
-		if err != nil {
-			return err
-		}
-		cl, p, err := a.connect()
+		pos, cl, p, err := a.parseConnect(a.flags(c), c, 1, 1)
 		if err != nil {
 			return err
 		}
 		obj, err := do(ctx, cl, pos[0])
-		if err != nil {
-			return err
-		}
-		return p.one(obj, obj)
+		return p.result(obj, err)
 	}, aliases...)
 }
 
@@ -50,11 +43,7 @@ func deleteCommand(noun string, do func(ctx context.Context, c *clients, id stri
 // the usage: an id or a name).
 func deleteByCommand(noun, arg, summary string, do func(ctx context.Context, c *clients, id string) (proto.Message, error)) *command {
 	return leaf("delete", arg, summary, func(ctx context.Context, a *app, c *cmdArgs) error {
-		pos, err := a.parse(a.flags(c), c, 1, 1)
-		if err != nil {
-			return err
-		}
-		cl, p, err := a.connect()
+		pos, cl, p, err := a.parseConnect(a.flags(c), c, 1, 1)
 		if err != nil {
 			return err
 		}
@@ -123,11 +112,7 @@ func listCommand[T proto.Message](args string, summary string, cols []column[T],
 		fs := a.flags(c)
 		limit := limitFlag(fs)
 		mk := register(fs)
-		pos, err := a.parse(fs, c, nArgs, nArgs)
-		if err != nil {
-			return err
-		}
-		cl, p, err := a.connect()
+		pos, cl, p, err := a.parseConnect(fs, c, nArgs, nArgs)
 		if err != nil {
 			return err
 		}
@@ -177,10 +162,7 @@ func updateCommand[T proto.Message](noun string, newObj func() T, register func(
 			return err
 		}
 		res, err := do(ctx, cl, pos[0], obj, mask)
-		if err != nil {
-			return err
-		}
-		return p.one(res, res)
+		return p.result(res, err)
 	})
 }
 
@@ -189,4 +171,26 @@ func updateCommand[T proto.Message](noun string, newObj func() T, register func(
 func renamed(name string, c *command) *command {
 	c.name, c.aliases = name, nil
 	return c
+}
+
+// parseConnect parses c's arguments with fs (between minArgs and maxArgs
+// positional ones), then connects.
+func (a *app) parseConnect(fs *flag.FlagSet, c *cmdArgs, minArgs, maxArgs int) ([]string, *clients, printer, error) {
+	pos, err := a.parse(fs, c, minArgs, maxArgs)
+	if err != nil {
+		return nil, nil, printer{}, err
+	}
+	cl, p, err := a.connect()
+	return pos, cl, p, err
+}
+
+// parseNamed parses the arguments of a create command whose object's
+// name (or e-mail, issuer, ...) is an optional positional argument or the
+// flag flagName bound to name (see nameArg).
+func (a *app) parseNamed(fs *flag.FlagSet, c *cmdArgs, name *string, flagName string) error {
+	pos, err := a.parse(fs, c, 0, 1)
+	if err != nil {
+		return err
+	}
+	return nameArg(pos, name, flagName)
 }

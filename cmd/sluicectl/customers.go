@@ -72,11 +72,7 @@ func runCustomerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs.StringVar(&u.OrgId, "org", "", "org of the customer (default: the token's org; required with a platform token)")
 	fs.StringVar(&u.ExternalId, "external-id", "", "the identifier clients send in x-sluice-end-user (unique in the org)")
 	customerFields(newFields(fs), u)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &u.ExternalId, "external-id"); err != nil {
+	if err := a.parseNamed(fs, c, &u.ExternalId, "external-id"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -86,8 +82,5 @@ func runCustomerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	r, err := call(ctx, cl.customers.CreateCustomer, &adminv1.CreateCustomerRequest{
 		OrgId: u.OrgId, ExternalId: u.ExternalId, DisplayName: u.DisplayName, Limits: u.Limits, Metadata: u.Metadata,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetCustomer(), r.GetCustomer())
+	return p.result(r.GetCustomer(), err)
 }

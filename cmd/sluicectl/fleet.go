@@ -129,10 +129,7 @@ func regionCommand() *command {
 func runFleetList(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	region := fs.String("region", "", "only instances of this `REGION`")
-	if _, err := a.parse(fs, c, 0, 0); err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	_, cl, p, err := a.parseConnect(fs, c, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -144,10 +141,7 @@ func runFleetList(ctx context.Context, a *app, c *cmdArgs) error {
 }
 
 func runRolloutStatus(ctx context.Context, a *app, c *cmdArgs) error {
-	if _, err := a.parse(a.flags(c), c, 0, 0); err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	_, cl, p, err := a.parseConnect(a.flags(c), c, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -223,10 +217,7 @@ func runRegionUpsert(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.rollout.UpsertRegion, &adminv1.UpsertRegionRequest{Name: pos[0], Policy: policy})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetRegion(), r.GetRegion())
+	return p.result(r.GetRegion(), err)
 }
 
 // ejectedSummary lists the deployments an instance keeps out of rotation:

@@ -61,11 +61,7 @@ func runIssuerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs.StringVar(&req.CustomerClaim, "customer-claim", "", "dot path of the claim naming the end customer")
 	policy := fs.String("unknown", "refuse", "a team or user the org does not have: refuse, or default_team")
 	fs.StringVar(&req.DefaultTeamId, "default-team", "", "team id for --unknown default_team or without --team-claim")
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &req.Issuer, "issuer"); err != nil {
+	if err := a.parseNamed(fs, c, &req.Issuer, "issuer"); err != nil {
 		return err
 	}
 	switch *policy {
@@ -81,8 +77,5 @@ func runIssuerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.issuers.CreateTrustedIssuer, req)
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetIssuer(), r.GetIssuer())
+	return p.result(r.GetIssuer(), err)
 }

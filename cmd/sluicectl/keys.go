@@ -95,10 +95,7 @@ func runKeyCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs.StringVar(&k.OrgId, "org", "", "org of the key (default: the token's org; required with a platform token)")
 	fs.StringVar(&k.TeamId, "team", "", "team of the key (default: the token's team for team tokens)")
 	keyFields(newFields(fs), k)
-	if _, err := a.parse(fs, c, 0, 0); err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	_, cl, p, err := a.parseConnect(fs, c, 0, 0)
 	if err != nil {
 		return err
 	}
@@ -118,11 +115,7 @@ func runKeyCreate(ctx context.Context, a *app, c *cmdArgs) error {
 func runKeyRotate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	grace := fs.String("grace", "", "how long the old token stays valid (90s, 15m, 24h, 7d; at most 30d); default: invalid at once")
-	pos, err := a.parse(fs, c, 1, 1)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(fs, c, 1, 1)
 	if err != nil {
 		return err
 	}

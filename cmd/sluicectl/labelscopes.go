@@ -74,11 +74,7 @@ func runLabelScopeCreate(ctx context.Context, a *app, c *cmdArgs, noun string, k
 	fs.StringVar(&l.OrgId, "org", "", "org of the "+noun+" (default: the token's org; required with a platform token)")
 	fs.StringVar(&l.Name, "name", "", "the "+noun+" as keys carry it (unique in the org)")
 	labelScopeFields(newFields(fs), l)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &l.Name, "name"); err != nil {
+	if err := a.parseNamed(fs, c, &l.Name, "name"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -88,8 +84,5 @@ func runLabelScopeCreate(ctx context.Context, a *app, c *cmdArgs, noun string, k
 	r, err := call(ctx, cl.labelScopes.CreateLabelScope, &adminv1.CreateLabelScopeRequest{
 		OrgId: l.OrgId, Kind: kind, Name: l.Name, Limits: l.Limits,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetLabelScope(), r.GetLabelScope())
+	return p.result(r.GetLabelScope(), err)
 }

@@ -112,11 +112,7 @@ func runModelGroupCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	modelGroupFields(f, g)
 	fs.BoolVar(&g.PlatformWide, "platform-wide", false, "visible to every org (otherwise only to the orgs it is granted to)")
 	routingFields(f, g.Routing)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &g.Name, "name"); err != nil {
+	if err := a.parseNamed(fs, c, &g.Name, "name"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -129,19 +125,12 @@ func runModelGroupCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		req.Resilience = g.Resilience
 	}
 	r, err := call(ctx, cl.models.CreateModelGroup, req)
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetModelGroup(), r.GetModelGroup())
+	return p.result(r.GetModelGroup(), err)
 }
 
 func runModelGroupGrant(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
-	pos, err := a.parse(fs, c, 2, 2)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(fs, c, 2, 2)
 	if err != nil {
 		return err
 	}
@@ -157,11 +146,7 @@ func runModelGroupGrant(ctx context.Context, a *app, c *cmdArgs) error {
 
 func runModelGroupRevoke(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
-	pos, err := a.parse(fs, c, 2, 2)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(fs, c, 2, 2)
 	if err != nil {
 		return err
 	}
@@ -198,10 +183,7 @@ func runModelGroupUpdate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.models.UpdateModelGroup, &adminv1.UpdateModelGroupRequest{ModelGroup: g, UpdateMask: mask})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetModelGroup(), r.GetModelGroup())
+	return p.result(r.GetModelGroup(), err)
 }
 
 // routingFields registers the flags of a model group's routing settings
@@ -335,10 +317,7 @@ func runDeploymentCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		Weight: d.Weight, MaxConcurrency: d.MaxConcurrency, Capabilities: d.Capabilities, Tags: d.Tags,
 		Prices: d.Prices, Free: d.Free,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetDeployment(), r.GetDeployment())
+	return p.result(r.GetDeployment(), err)
 }
 
 func runDeploymentUpdate(ctx context.Context, a *app, c *cmdArgs) error {
@@ -376,10 +355,7 @@ func runDeploymentUpdate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.models.UpdateDeployment, &adminv1.UpdateDeploymentRequest{Deployment: d, UpdateMask: mask, Credential: cred})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetDeployment(), r.GetDeployment())
+	return p.result(r.GetDeployment(), err)
 }
 
 // anyGiven reports whether a field flag or --clear was given.

@@ -66,11 +66,7 @@ func runOrgCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	o := &adminv1.Org{}
 	orgFields(newFields(fs), o)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &o.Name, "name"); err != nil {
+	if err := a.parseNamed(fs, c, &o.Name, "name"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -78,8 +74,5 @@ func runOrgCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.orgs.CreateOrg, &adminv1.CreateOrgRequest{Name: o.Name, Limits: o.Limits, Metadata: o.Metadata})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetOrg(), r.GetOrg())
+	return p.result(r.GetOrg(), err)
 }

@@ -270,3 +270,12 @@ func encodeJSONValue(p printer, v any) error {
 	}
 	return p.encode(b)
 }
+
+// result prints obj (p.one), or returns err: the tail of a command that
+// calls the API and prints the object it answers.
+func (p printer) result(obj proto.Message, err error) error {
+	if err != nil {
+		return err
+	}
+	return p.one(obj, obj)
+}

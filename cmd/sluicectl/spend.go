@@ -98,10 +98,7 @@ func runSpendLogs(ctx context.Context, a *app, c *cmdArgs) error {
 	fs.StringVar(&req.ModelGroup, "model-group", "", "only requests to this model group")
 	fs.Var(&sinceValue{&req.StartTime}, "since", "only requests at or after this time: RFC 3339, a date, or a duration ago (1h, 7d)")
 	fs.Var(&sinceValue{&req.EndTime}, "until", "only requests before this time: RFC 3339, a date, or a duration ago")
-	if _, err := a.parse(fs, c, 0, 0); err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	_, cl, p, err := a.parseConnect(fs, c, 0, 0)
 	if err != nil {
 		return err
 	}

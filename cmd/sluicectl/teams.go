@@ -77,11 +77,7 @@ func runTeamCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	t := &adminv1.Team{}
 	fs.StringVar(&t.OrgId, "org", "", "org of the team (default: the token's org; required with a platform token)")
 	teamFields(newFields(fs), t)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &t.Name, "name"); err != nil {
+	if err := a.parseNamed(fs, c, &t.Name, "name"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -92,10 +88,7 @@ func runTeamCreate(ctx context.Context, a *app, c *cmdArgs) error {
 		OrgId: t.OrgId, Name: t.Name, Limits: t.Limits, Metadata: t.Metadata,
 		TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases, Fallbacks: t.Fallbacks,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetTeam(), r.GetTeam())
+	return p.result(r.GetTeam(), err)
 }
 
 var memberColumns = []column[*adminv1.TeamMember]{
@@ -136,31 +129,20 @@ func runMemberAdd(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	m := &adminv1.TeamMember{}
 	memberFields(newFields(fs), m)
-	pos, err := a.parse(fs, c, 2, 2)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(fs, c, 2, 2)
 	if err != nil {
 		return err
 	}
 	r, err := call(ctx, cl.teams.AddTeamMember, &adminv1.AddTeamMemberRequest{
 		TeamId: pos[0], UserId: pos[1], MaxBudgetInTeam: m.MaxBudgetInTeam, Limits: m.Limits,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetMember(), r.GetMember())
+	return p.result(r.GetMember(), err)
 }
 
 // runMemberGet finds one membership by listing the team's members (the
 // API has no single-member read).
 func runMemberGet(ctx context.Context, a *app, c *cmdArgs) error {
-	pos, err := a.parse(a.flags(c), c, 2, 2)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(a.flags(c), c, 2, 2)
 	if err != nil {
 		return err
 	}
@@ -199,18 +181,11 @@ func runMemberUpdate(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.teams.UpdateTeamMember, &adminv1.UpdateTeamMemberRequest{Member: m, UpdateMask: mask})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetMember(), r.GetMember())
+	return p.result(r.GetMember(), err)
 }
 
 func runMemberRemove(ctx context.Context, a *app, c *cmdArgs) error {
-	pos, err := a.parse(a.flags(c), c, 2, 2)
-	if err != nil {
-		return err
-	}
-	cl, p, err := a.connect()
+	pos, cl, p, err := a.parseConnect(a.flags(c), c, 2, 2)
 	if err != nil {
 		return err
 	}

@@ -87,10 +87,7 @@ func runTokenExpire(ctx context.Context, a *app, c *cmdArgs) error {
 		return err
 	}
 	r, err := call(ctx, cl.tokens.UpdateAdminTokenExpiry, req)
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetAdminToken(), r.GetAdminToken())
+	return p.result(r.GetAdminToken(), err)
 }
 
 func runTokenCreate(ctx context.Context, a *app, c *cmdArgs) error {

@@ -62,11 +62,7 @@ func trafficCommand() *command {
 
 func trafficGet(arg, summary string, do func(ctx context.Context, cl *clients, id string) (proto.Message, error)) *command {
 	return leaf("get", arg, summary, func(ctx context.Context, a *app, c *cmdArgs) error {
-		pos, err := a.parse(a.flags(c), c, 1, 1)
-		if err != nil {
-			return err
-		}
-		cl, p, err := a.connect()
+		pos, cl, p, err := a.parseConnect(a.flags(c), c, 1, 1)
 		if err != nil {
 			return err
 		}

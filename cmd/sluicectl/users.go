@@ -71,11 +71,7 @@ func runUserCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	u := &adminv1.User{}
 	fs.StringVar(&u.OrgId, "org", "", "org of the user (default: the token's org; required with a platform token)")
 	userFields(newFields(fs), u)
-	pos, err := a.parse(fs, c, 0, 1)
-	if err != nil {
-		return err
-	}
-	if err := nameArg(pos, &u.Email, "email"); err != nil {
+	if err := a.parseNamed(fs, c, &u.Email, "email"); err != nil {
 		return err
 	}
 	cl, p, err := a.connect()
@@ -85,8 +81,5 @@ func runUserCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	r, err := call(ctx, cl.users.CreateUser, &adminv1.CreateUserRequest{
 		OrgId: u.OrgId, Email: u.Email, DisplayName: u.DisplayName, Limits: u.Limits, Metadata: u.Metadata,
 	})
-	if err != nil {
-		return err
-	}
-	return p.one(r.GetUser(), r.GetUser())
+	return p.result(r.GetUser(), err)
 }
