@@ -50,6 +50,15 @@ func validateExternalID(c *validator, field, s string) {
 		c.add(field, "required")
 	case !utf8.ValidString(s) || utf8.RuneCountInString(s) > maxExternalIDLen:
 		c.add(field, "must be 1–%d characters", maxExternalIDLen)
+	default:
+		validateBareText(c, field, s)
+	}
+}
+
+// validateBareText checks that s neither starts nor ends with spaces nor
+// holds control characters (names clients send or keys carry).
+func validateBareText(c *validator, field, s string) {
+	switch {
 	case strings.TrimSpace(s) != s:
 		c.add(field, "must not start or end with spaces")
 	case strings.IndexFunc(s, unicode.IsControl) >= 0:
@@ -89,14 +98,7 @@ func (s *customerService) GetCustomer(ctx context.Context, req *connect.Request[
 	if err := orgObjectGate(ctx, authz.Read, "customers", "id", id); err != nil {
 		return nil, err
 	}
-	cu, err := s.store.CustomerGet(ctx, tenant(ctx), id)
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(cu.OrgID, "customer "+cu.ID)); err != nil {
-		return nil, err
-	}
-	out, err := customerToProto(cu)
+	out, err := getObject(ctx, s.store, customerObjects, id)
 	return reply(&adminv1.GetCustomerResponse{Customer: out}, err)
 }
 
@@ -149,13 +151,9 @@ var customerObjects = mutable[store.Customer, *adminv1.Customer]{
 	gate: func(ctx context.Context, field, id string) error {
 		return orgObjectGate(ctx, authz.Write, "customers", field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.Customer, error) {
-		cur, err := tx.CustomerGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return cur, err
-		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "customer "+cur.ID))
-	},
+	get:          (*store.Store).CustomerGet,
+	getForUpdate: (*store.Tx).CustomerGetForUpdate,
+	target:       func(v store.Customer) authz.Target { return authz.OrgTarget(v.OrgID, "customer "+v.ID) },
 	set: func(ctx context.Context, tx *store.Tx, cur *store.Customer, b bool) error {
 		return tx.CustomerSetBlocked(ctx, cur, b)
 	},

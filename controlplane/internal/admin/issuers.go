@@ -150,14 +150,8 @@ func (s *issuerService) GetTrustedIssuer(ctx context.Context, req *connect.Reque
 	if err := orgObjectGate(ctx, authz.Read, "trusted issuers", "id", id); err != nil {
 		return nil, err
 	}
-	ti, err := s.store.TrustedIssuerGet(ctx, tenant(ctx), id)
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(ti.OrgID, "trusted issuer "+ti.ID)); err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.GetTrustedIssuerResponse{Issuer: issuerToProto(ti)}), nil
+	out, err := getObject(ctx, s.store, issuerObjects, id)
+	return reply(&adminv1.GetTrustedIssuerResponse{Issuer: out}, err)
 }
 
 func (s *issuerService) ListTrustedIssuers(ctx context.Context, req *connect.Request[adminv1.ListTrustedIssuersRequest]) (*connect.Response[adminv1.ListTrustedIssuersResponse], error) {
@@ -190,13 +184,9 @@ var issuerObjects = mutable[store.TrustedIssuer, *adminv1.TrustedIssuer]{
 	gate: func(ctx context.Context, field, id string) error {
 		return orgObjectGate(ctx, authz.Write, "trusted issuers", field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.TrustedIssuer, error) {
-		cur, err := tx.TrustedIssuerGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return cur, err
-		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "trusted issuer "+cur.ID))
-	},
+	get:          (*store.Store).TrustedIssuerGet,
+	getForUpdate: (*store.Tx).TrustedIssuerGetForUpdate,
+	target:       func(v store.TrustedIssuer) authz.Target { return authz.OrgTarget(v.OrgID, "trusted issuer "+v.ID) },
 	remove: func(ctx context.Context, tx *store.Tx, cur store.TrustedIssuer) (any, error) {
 		return nil, tx.TrustedIssuerDelete(ctx, cur.ID)
 	},

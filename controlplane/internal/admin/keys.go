@@ -297,14 +297,7 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 }
 
 func (s *keyService) GetKey(ctx context.Context, req *connect.Request[adminv1.GetKeyRequest]) (*connect.Response[adminv1.GetKeyResponse], error) {
-	k, err := s.store.KeyGet(ctx, tenant(ctx), req.Msg.GetId())
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, keyTarget(k)); err != nil {
-		return nil, err
-	}
-	out, err := keyToProto(k)
+	out, err := getObject(ctx, s.store, keyObjects, req.Msg.GetId())
 	return reply(&adminv1.GetKeyResponse{Key: out}, err)
 }
 
@@ -361,11 +354,8 @@ func (s *keyService) ListKeys(ctx context.Context, req *connect.Request[adminv1.
 
 // lockKey loads key id for a change and authorises it.
 func lockKey(ctx context.Context, tx *store.Tx, id string) (store.Key, *adminv1.Key, error) {
-	cur, err := tx.KeyGetForUpdate(ctx, tenant(ctx), id)
+	cur, err := keyObjects.locked(ctx, tx, id, events.OpUpsert)
 	if err != nil {
-		return store.Key{}, nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Write, keyTarget(cur)); err != nil {
 		return store.Key{}, nil, err
 	}
 	before, err := keyToProto(cur)
@@ -469,11 +459,10 @@ func (s *keyService) RotateKey(ctx context.Context, req *connect.Request[adminv1
 
 // keyObjects is the object of Create/Block/Unblock/DeleteKey.
 var keyObjects = mutable[store.Key, *adminv1.Key]{
-	object: events.ObjKey,
-	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Key, error) {
-		cur, _, err := lockKey(ctx, tx, id)
-		return cur, err
-	},
+	object:       events.ObjKey,
+	get:          (*store.Store).KeyGet,
+	getForUpdate: (*store.Tx).KeyGetForUpdate,
+	target:       keyTarget,
 	set: func(ctx context.Context, tx *store.Tx, cur *store.Key, b bool) error {
 		return tx.KeySetBlocked(ctx, cur, b)
 	},

@@ -2,8 +2,6 @@ package admin
 
 import (
 	"context"
-	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"connectrpc.com/connect"
@@ -86,10 +84,8 @@ func validateProject(c *validator, field, name string) {
 	switch {
 	case !utf8.ValidString(name) || utf8.RuneCountInString(name) > maxKeyLabelLen:
 		c.add(field, "must be 1–%d characters of valid UTF-8", maxKeyLabelLen)
-	case strings.TrimSpace(name) != name:
-		c.add(field, "must not start or end with spaces")
-	case strings.IndexFunc(name, unicode.IsControl) >= 0:
-		c.add(field, "must not contain control characters")
+	default:
+		validateBareText(c, field, name)
 	}
 }
 
@@ -121,14 +117,7 @@ func (s *labelScopeService) GetLabelScope(ctx context.Context, req *connect.Requ
 	if err := orgObjectGate(ctx, authz.Read, labelScopesWhat, "id", id); err != nil {
 		return nil, err
 	}
-	ls, err := s.store.LabelScopeGet(ctx, tenant(ctx), id)
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(ls.OrgID, "label scope "+ls.ID)); err != nil {
-		return nil, err
-	}
-	out, err := labelScopeToProto(ls)
+	out, err := getObject(ctx, s.store, labelScopeObjects, id)
 	return reply(&adminv1.GetLabelScopeResponse{LabelScope: out}, err)
 }
 
@@ -193,13 +182,9 @@ var labelScopeObjects = mutable[store.LabelScope, *adminv1.LabelScope]{
 	gate: func(ctx context.Context, field, id string) error {
 		return orgObjectGate(ctx, authz.Write, labelScopesWhat, field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.LabelScope, error) {
-		cur, err := tx.LabelScopeGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return cur, err
-		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "label scope "+cur.ID))
-	},
+	get:          (*store.Store).LabelScopeGet,
+	getForUpdate: (*store.Tx).LabelScopeGetForUpdate,
+	target:       func(v store.LabelScope) authz.Target { return authz.OrgTarget(v.OrgID, "label scope "+v.ID) },
 	remove: func(ctx context.Context, tx *store.Tx, cur store.LabelScope) (any, error) {
 		return nil, tx.LabelScopeDelete(ctx, cur.ID)
 	},

@@ -23,8 +23,15 @@ type mutable[T any, P proto.Message] struct {
 	// write check and the presence of the id in the request field named
 	// field ("id", "customer.id").
 	gate func(ctx context.Context, field, id string) error
-	// lock reads the object for update and checks that the caller may
-	// do op to it (events.OpUpsert: update it).
+	// get reads the object in the caller's tenant (Get RPCs), getForUpdate
+	// reads and locks it, target is what authz checks (read for get, write
+	// for a change) once it is read.
+	get          func(st *store.Store, ctx context.Context, t store.Tenant, id string) (T, error)
+	getForUpdate func(tx *store.Tx, ctx context.Context, t store.Tenant, id string) (T, error)
+	target       func(T) authz.Target
+	// lock, when set, replaces getForUpdate and the write check on target:
+	// it reads the object for update and checks that the caller may do op
+	// to it (events.OpUpsert: update it).
 	lock func(ctx context.Context, tx *store.Tx, id string, op events.Op) (T, error)
 	// set changes the blocked flag (and cur).
 	set func(ctx context.Context, tx *store.Tx, cur *T, blocked bool) error
@@ -35,6 +42,36 @@ type mutable[T any, P proto.Message] struct {
 	// scope names the object for its audit record and outbox row: its id,
 	// its org and its team ("" when it has none).
 	scope func(T) (id, orgID, teamID string)
+}
+
+// locked reads the object id of type b for update and checks that the
+// caller may do op to it: b.lock, or b.getForUpdate in the caller's tenant
+// and a write check on b.target.
+func (b mutable[T, P]) locked(ctx context.Context, tx *store.Tx, id string, op events.Op) (T, error) {
+	if b.lock != nil {
+		return b.lock(ctx, tx, id, op)
+	}
+	cur, err := b.getForUpdate(tx, ctx, tenant(ctx), id)
+	if err != nil {
+		return cur, err
+	}
+	return cur, authz.Check(ctx, principal(ctx), authz.Write, b.target(cur))
+}
+
+// getObject reads the object id of type b for a Get RPC: b.get in the
+// caller's tenant, then a read check on b.target. The RPC runs its gate
+// first.
+func getObject[T any, P proto.Message](ctx context.Context, st *store.Store, b mutable[T, P], id string) (P, error) {
+	v, err := b.get(st, ctx, tenant(ctx), id)
+	if err != nil {
+		var none P
+		return none, err
+	}
+	if err := authz.Check(ctx, principal(ctx), authz.Read, b.target(v)); err != nil {
+		var none P
+		return none, err
+	}
+	return b.toProto(v)
 }
 
 // setBlocked blocks or unblocks the object id of type b in one mutation:
@@ -53,7 +90,7 @@ func setBlocked[T any, P proto.Message](ctx context.Context, st *store.Store, b 
 		}
 	}
 	err := st.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := b.lock(ctx, tx, id, op)
+		cur, err := b.locked(ctx, tx, id, op)
 		if err != nil {
 			return err
 		}
@@ -86,7 +123,7 @@ func deleteObject[T any, P proto.Message](ctx context.Context, st *store.Store, 
 		}
 	}
 	return st.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := b.lock(ctx, tx, id, events.OpDelete)
+		cur, err := b.locked(ctx, tx, id, events.OpDelete)
 		if err != nil {
 			return err
 		}
@@ -129,7 +166,7 @@ func createObject[T any, P proto.Message](ctx context.Context, st *store.Store, 
 }
 
 // updateObject changes the object id of type b in one mutation: it locks
-// the object (b.lock with events.OpUpsert), applies the update_mask paths
+// the object (b.locked with events.OpUpsert), applies the update_mask paths
 // of src (out of updatable) to a copy of it, and hands both copies to
 // save, which validates the new one and stores it into cur. The audit
 // record holds the object before and after, the event is
@@ -140,7 +177,7 @@ func updateObject[T any, P proto.Message](ctx context.Context, st *store.Store, 
 ) (P, error) {
 	var out P
 	err := st.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
-		cur, err := b.lock(ctx, tx, id, events.OpUpsert)
+		cur, err := b.locked(ctx, tx, id, events.OpUpsert)
 		if err != nil {
 			return err
 		}

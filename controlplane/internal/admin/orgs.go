@@ -52,14 +52,7 @@ func (s *orgService) CreateOrg(ctx context.Context, req *connect.Request[adminv1
 }
 
 func (s *orgService) GetOrg(ctx context.Context, req *connect.Request[adminv1.GetOrgRequest]) (*connect.Response[adminv1.GetOrgResponse], error) {
-	o, err := s.store.OrgGet(ctx, tenant(ctx), req.Msg.GetId())
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(o.ID, "org "+o.ID)); err != nil {
-		return nil, err
-	}
-	out, err := orgToProto(o)
+	out, err := getObject(ctx, s.store, orgObjects, req.Msg.GetId())
 	return reply(&adminv1.GetOrgResponse{Org: out}, err)
 }
 
@@ -120,6 +113,8 @@ func (s *orgService) DeleteOrg(ctx context.Context, req *connect.Request[adminv1
 // editors update an org, only platform admins block or delete one.
 var orgObjects = mutable[store.Org, *adminv1.Org]{
 	object: events.ObjOrg,
+	get:    (*store.Store).OrgGet,
+	target: func(o store.Org) authz.Target { return authz.OrgTarget(o.ID, "org "+o.ID) },
 	lock: func(ctx context.Context, tx *store.Tx, id string, op events.Op) (store.Org, error) {
 		cur, err := tx.OrgGetForUpdate(ctx, tenant(ctx), id)
 		if err != nil {

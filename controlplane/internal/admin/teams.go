@@ -217,13 +217,9 @@ func (s *teamService) DeleteTeam(ctx context.Context, req *connect.Request[admin
 var teamObjects = mutable[store.Team, *adminv1.Team]{
 	object: events.ObjTeam,
 	gate:   func(_ context.Context, field, id string) error { return requireField(field, id) },
-	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.Team, error) {
-		cur, err := tx.TeamGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return cur, err
-		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "team "+cur.ID))
-	},
+	// Changes target the team's org; reads (GetTeam) the team itself.
+	getForUpdate: (*store.Tx).TeamGetForUpdate,
+	target:       func(t store.Team) authz.Target { return authz.OrgTarget(t.OrgID, "team "+t.ID) },
 	set: func(ctx context.Context, tx *store.Tx, cur *store.Team, b bool) error {
 		return tx.TeamSetBlocked(ctx, cur, b)
 	},

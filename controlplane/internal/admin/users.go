@@ -149,14 +149,7 @@ func (s *userService) GetUser(ctx context.Context, req *connect.Request[adminv1.
 	if err := orgObjectGate(ctx, authz.Read, "users", "id", id); err != nil {
 		return nil, err
 	}
-	u, err := s.store.UserGet(ctx, tenant(ctx), id)
-	if err != nil {
-		return nil, err
-	}
-	if err := authz.Check(ctx, principal(ctx), authz.Read, authz.OrgTarget(u.OrgID, "user "+u.ID)); err != nil {
-		return nil, err
-	}
-	out, err := userToProto(u)
+	out, err := getObject(ctx, s.store, userObjects, id)
 	return reply(&adminv1.GetUserResponse{User: out}, err)
 }
 
@@ -207,13 +200,9 @@ var userObjects = mutable[store.User, *adminv1.User]{
 	gate: func(ctx context.Context, field, id string) error {
 		return orgObjectGate(ctx, authz.Write, "users", field, id)
 	},
-	lock: func(ctx context.Context, tx *store.Tx, id string, _ events.Op) (store.User, error) {
-		cur, err := tx.UserGetForUpdate(ctx, tenant(ctx), id)
-		if err != nil {
-			return cur, err
-		}
-		return cur, authz.Check(ctx, principal(ctx), authz.Write, authz.OrgTarget(cur.OrgID, "user "+cur.ID))
-	},
+	get:          (*store.Store).UserGet,
+	getForUpdate: (*store.Tx).UserGetForUpdate,
+	target:       func(v store.User) authz.Target { return authz.OrgTarget(v.OrgID, "user "+v.ID) },
 	set: func(ctx context.Context, tx *store.Tx, cur *store.User, b bool) error {
 		return tx.UserSetBlocked(ctx, cur, b)
 	},
