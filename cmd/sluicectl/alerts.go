@@ -127,15 +127,11 @@ func runWebhookCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	req := &adminv1.CreateAlertWebhookRequest{}
 	fs.StringVar(&req.OrgId, "org", "", "org whose alerts it receives (default: your token's org; required with a platform token)")
 	fs.StringVar(&req.Description, "description", "", "what the endpoint is")
-	pos, err := a.parse(fs, c, 1, 1)
+	pos, cl, p, err := a.parseConnect(fs, c, 1, 1)
 	if err != nil {
 		return err
 	}
 	req.Url = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
 	r, err := call(ctx, cl.alerts.CreateAlertWebhook, req)
 	if err != nil {
 		return err
@@ -147,15 +143,11 @@ func runWebhookRotate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	req := &adminv1.RotateAlertWebhookSecretRequest{}
 	fs.StringVar(&req.GracePeriod, "grace", "", "how long the old secret keeps signing besides the new one (`DURATION`: 90s, 24h, 7d; at most 30d); default none")
-	pos, err := a.parse(fs, c, 1, 1)
+	pos, cl, p, err := a.parseConnect(fs, c, 1, 1)
 	if err != nil {
 		return err
 	}
 	req.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
 	r, err := call(ctx, cl.alerts.RotateAlertWebhookSecret, req)
 	if err != nil {
 		return err

@@ -734,14 +734,7 @@ func deleteDeployment(d *adminv1.Deployment) change {
 func planPrune(st *liveState, set *docSet) []change {
 	var out []change
 	if set.covered[kindModelGroup] {
-		named := map[string]bool{}
-		for _, g := range set.groups {
-			named[g.Name] = true
-		}
-		for _, name := range sortedKeys(st.groups) {
-			if named[name] {
-				continue
-			}
+		for _, name := range unnamed(set.groups, func(g *modelGroupDoc) string { return g.Name }, st.groups) {
 			for _, d := range st.deps[name] {
 				out = append(out, deleteDeployment(d))
 			}
@@ -752,54 +745,52 @@ func planPrune(st *liveState, set *docSet) []change {
 		}
 	}
 	if set.covered[kindUser] {
-		named := map[string]bool{}
-		for _, u := range set.users {
-			named[u.Org+"/"+u.Email] = true
-		}
-		for _, key := range sortedKeys(st.users) {
-			if named[key] {
-				continue
-			}
-			id := st.users[key].GetId()
-			out = append(out, change{"delete", "User " + key, []string{"id: " + id}, func(ctx context.Context, st *liveState) error {
+		for _, key := range unnamed(set.users, func(u *userDoc) string { return u.Org + "/" + u.Email }, st.users) {
+			out = append(out, deleteByID("User "+key, st.users[key].GetId(), func(ctx context.Context, st *liveState, id string) error {
 				_, err := call(ctx, st.cl.users.DeleteUser, &adminv1.DeleteUserRequest{Id: id})
 				return err
-			}})
+			}))
 		}
 	}
 	if set.covered[kindTeam] {
-		named := map[string]bool{}
-		for _, t := range set.teams {
-			named[t.Org+"/"+t.Name] = true
-		}
-		for _, key := range sortedKeys(st.teams) {
-			if named[key] {
-				continue
-			}
-			id := st.teams[key].GetId()
-			out = append(out, change{"delete", "Team " + key, []string{"id: " + id}, func(ctx context.Context, st *liveState) error {
+		for _, key := range unnamed(set.teams, func(t *teamDoc) string { return t.Org + "/" + t.Name }, st.teams) {
+			out = append(out, deleteByID("Team "+key, st.teams[key].GetId(), func(ctx context.Context, st *liveState, id string) error {
 				_, err := call(ctx, st.cl.teams.DeleteTeam, &adminv1.DeleteTeamRequest{Id: id})
 				return err
-			}})
+			}))
 		}
 	}
 	if set.covered[kindOrg] {
-		named := map[string]bool{}
-		for _, o := range set.orgs {
-			named[o.Name] = true
-		}
-		for _, name := range sortedKeys(st.orgs) {
-			if named[name] {
-				continue
-			}
-			id := st.orgs[name].GetId()
-			out = append(out, change{"delete", "Org " + name, []string{"id: " + id}, func(ctx context.Context, st *liveState) error {
+		for _, name := range unnamed(set.orgs, func(o *orgDoc) string { return o.Name }, st.orgs) {
+			out = append(out, deleteByID("Org "+name, st.orgs[name].GetId(), func(ctx context.Context, st *liveState, id string) error {
 				_, err := call(ctx, st.cl.orgs.DeleteOrg, &adminv1.DeleteOrgRequest{Id: id})
 				return err
-			}})
+			}))
 		}
 	}
 	return out
+}
+
+// unnamed returns the keys of live, sorted, that no document of docs
+// names (name: the key a document has in live): what a prune deletes.
+func unnamed[D, L any](docs []D, name func(D) string, live map[string]L) []string {
+	named := map[string]bool{}
+	for _, d := range docs {
+		named[name(d)] = true
+	}
+	var out []string
+	for _, key := range sortedKeys(live) {
+		if !named[key] {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+// deleteByID is the change deleting the object what ("User acme/ada@x")
+// of id with del; its plan line names the id.
+func deleteByID(what, id string, del func(ctx context.Context, st *liveState, id string) error) change {
+	return change{"delete", what, []string{"id: " + id}, func(ctx context.Context, st *liveState) error { return del(ctx, st, id) }}
 }
 
 func sortedKeys[V any](m map[string]V) []string {

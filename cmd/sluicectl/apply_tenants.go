@@ -489,30 +489,15 @@ func planTenants(st *liveState, set *docSet) []change {
 func planPruneTenants(st *liveState, set *docSet) []change {
 	var out []change
 	if set.covered[kindKey] {
-		named := map[string]bool{}
-		for _, k := range set.keys {
-			named[k.id()] = true
-		}
-		for _, key := range sortedKeys(st.keys) {
-			if named[key] {
-				continue
-			}
-			id := st.keys[key].GetId()
-			out = append(out, change{"delete", "Key " + key, []string{"id: " + id}, func(ctx context.Context, st *liveState) error {
+		for _, key := range unnamed(set.keys, func(k *keyDoc) string { return k.id() }, st.keys) {
+			out = append(out, deleteByID("Key "+key, st.keys[key].GetId(), func(ctx context.Context, st *liveState, id string) error {
 				_, err := call(ctx, st.cl.keys.DeleteKey, &adminv1.DeleteKeyRequest{Id: id})
 				return err
-			}})
+			}))
 		}
 	}
 	if set.covered[kindMember] {
-		named := map[string]bool{}
-		for _, m := range set.members {
-			named[m.Org+"/"+m.Team+"/"+m.User] = true
-		}
-		for _, key := range sortedKeys(st.members) {
-			if named[key] {
-				continue
-			}
+		for _, key := range unnamed(set.members, func(m *memberDoc) string { return m.Org + "/" + m.Team + "/" + m.User }, st.members) {
 			m := st.members[key]
 			out = append(out, change{"delete", "Member " + key, nil, func(ctx context.Context, st *liveState) error {
 				_, err := call(ctx, st.cl.teams.RemoveTeamMember, &adminv1.RemoveTeamMemberRequest{TeamId: m.GetTeamId(), UserId: m.GetUserId()})
@@ -521,19 +506,11 @@ func planPruneTenants(st *liveState, set *docSet) []change {
 		}
 	}
 	if set.covered[kindCustomer] {
-		named := map[string]bool{}
-		for _, c := range set.customers {
-			named[c.Org+"/"+c.ExternalID] = true
-		}
-		for _, key := range sortedKeys(st.customers) {
-			if named[key] {
-				continue
-			}
-			id := st.customers[key].GetId()
-			out = append(out, change{"delete", "Customer " + key, []string{"id: " + id}, func(ctx context.Context, st *liveState) error {
+		for _, key := range unnamed(set.customers, func(c *customerDoc) string { return c.Org + "/" + c.ExternalID }, st.customers) {
+			out = append(out, deleteByID("Customer "+key, st.customers[key].GetId(), func(ctx context.Context, st *liveState, id string) error {
 				_, err := call(ctx, st.cl.customers.DeleteCustomer, &adminv1.DeleteCustomerRequest{Id: id})
 				return err
-			}})
+			}))
 		}
 	}
 	return out

@@ -53,15 +53,11 @@ func runTokenRotate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs := a.flags(c)
 	req := &adminv1.RotateAdminTokenRequest{}
 	fs.StringVar(&req.GracePeriod, "grace", "", "how long the old secret keeps working, e.g. 1h or 7d (at most 30d; default: refused at once)")
-	pos, err := a.parse(fs, c, 1, 1)
+	pos, cl, p, err := a.parseConnect(fs, c, 1, 1)
 	if err != nil {
 		return err
 	}
 	req.Id = pos[0]
-	cl, p, err := a.connect()
-	if err != nil {
-		return err
-	}
 	r, err := call(ctx, cl.tokens.RotateAdminToken, req)
 	if err != nil {
 		return err
