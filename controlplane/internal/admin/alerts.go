@@ -82,12 +82,7 @@ func (s *alertService) ListAlerts(ctx context.Context, req *connect.Request[admi
 	if err != nil {
 		return nil, err
 	}
-	if after != "" {
-		var ok bool
-		if q.AfterAt, q.AfterID, ok = parseSpendCursor(after); !ok {
-			c.add("page_token", "not a token from a previous page")
-		}
-	}
+	q.AfterAt, q.AfterID = timeCursor(c, after)
 	if err := c.err(); err != nil {
 		return nil, err
 	}
@@ -95,12 +90,7 @@ func (s *alertService) ListAlerts(ctx context.Context, req *connect.Request[admi
 	if err != nil {
 		return nil, err
 	}
-	resp := &adminv1.ListAlertsResponse{Alerts: make([]*adminv1.Alert, len(rows))}
-	for i, r := range rows {
-		resp.Alerts[i] = alertToProto(r)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, alertCursor(rows[len(rows)-1]))
-	}
-	return connect.NewResponse(resp), nil
+	resp := &adminv1.ListAlertsResponse{}
+	resp.Alerts, resp.NextPageToken, err = page(rows, limit, infallible(alertToProto), alertCursor)
+	return reply(resp, err)
 }

@@ -183,6 +183,20 @@ func spendCursor(l store.SpendLog) string {
 	return strconv.FormatInt(l.At.UnixMicro(), 10) + "|" + l.RequestID
 }
 
+// timeCursor decodes the page token after of a list ordered by time and
+// id (spendCursor's form; "" is the first page), adding to c when it is
+// not one.
+func timeCursor(c *validator, after string) (time.Time, string) {
+	if after == "" {
+		return time.Time{}, ""
+	}
+	at, id, ok := parseSpendCursor(after)
+	if !ok {
+		c.add("page_token", "not a token from a previous page")
+	}
+	return at, id
+}
+
 func parseSpendCursor(s string) (time.Time, string, bool) {
 	us, rid, ok := strings.Cut(s, "|")
 	if !ok || rid == "" {
@@ -226,12 +240,7 @@ func (s *spendService) ListSpendLogs(ctx context.Context, req *connect.Request[a
 	if err != nil {
 		return nil, err
 	}
-	if after != "" {
-		var ok bool
-		if q.AfterAt, q.AfterID, ok = parseSpendCursor(after); !ok {
-			c.add("page_token", "not a token from a previous page")
-		}
-	}
+	q.AfterAt, q.AfterID = timeCursor(c, after)
 	if err := c.err(); err != nil {
 		return nil, err
 	}
@@ -239,12 +248,7 @@ func (s *spendService) ListSpendLogs(ctx context.Context, req *connect.Request[a
 	if err != nil {
 		return nil, err
 	}
-	resp := &adminv1.ListSpendLogsResponse{Logs: make([]*adminv1.SpendLog, len(rows))}
-	for i, r := range rows {
-		resp.Logs[i] = spendLogToProto(r)
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, spendCursor(rows[len(rows)-1]))
-	}
-	return connect.NewResponse(resp), nil
+	resp := &adminv1.ListSpendLogsResponse{}
+	resp.Logs, resp.NextPageToken, err = page(rows, limit, infallible(spendLogToProto), spendCursor)
+	return reply(resp, err)
 }

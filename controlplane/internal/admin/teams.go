@@ -281,6 +281,19 @@ func memberAudit(ctx context.Context, tx *store.Tx, action string, m store.TeamM
 	return tx.Audit(ctx, action, objTeamMember, memberObjectID(m.TeamID, m.UserID), m.OrgID, m.TeamID, b, a)
 }
 
+// requireMember checks that the two ids naming a membership are given,
+// reporting both (fields prefix+"team_id" and prefix+"user_id").
+func requireMember(prefix, teamID, userID string) error {
+	c := &validator{}
+	if teamID == "" {
+		c.add(prefix+"team_id", "required")
+	}
+	if userID == "" {
+		c.add(prefix+"user_id", "required")
+	}
+	return c.err()
+}
+
 // memberTeam returns the team teamID locked for the rest of tx, after
 // checking that the caller may apply verb to its members.
 func memberTeam(ctx context.Context, tx *store.Tx, verb authz.Verb, teamID string) (store.Team, error) {
@@ -296,14 +309,7 @@ func memberTeam(ctx context.Context, tx *store.Tx, verb authz.Verb, teamID strin
 
 func (s *teamService) AddTeamMember(ctx context.Context, req *connect.Request[adminv1.AddTeamMemberRequest]) (*connect.Response[adminv1.AddTeamMemberResponse], error) {
 	m := req.Msg
-	c := &validator{}
-	if m.GetTeamId() == "" {
-		c.add("team_id", "required")
-	}
-	if m.GetUserId() == "" {
-		c.add("user_id", "required")
-	}
-	if err := c.err(); err != nil {
+	if err := requireMember("", m.GetTeamId(), m.GetUserId()); err != nil {
 		return nil, err
 	}
 	var out *adminv1.TeamMember
@@ -330,22 +336,12 @@ func (s *teamService) AddTeamMember(ctx context.Context, req *connect.Request[ad
 		}
 		return memberOutbox(ctx, tx, events.MemberUpserted, mem)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.AddTeamMemberResponse{Member: out}), nil
+	return reply(&adminv1.AddTeamMemberResponse{Member: out}, err)
 }
 
 func (s *teamService) UpdateTeamMember(ctx context.Context, req *connect.Request[adminv1.UpdateTeamMemberRequest]) (*connect.Response[adminv1.UpdateTeamMemberResponse], error) {
 	src := req.Msg.GetMember()
-	c := &validator{}
-	if src.GetTeamId() == "" {
-		c.add("member.team_id", "required")
-	}
-	if src.GetUserId() == "" {
-		c.add("member.user_id", "required")
-	}
-	if err := c.err(); err != nil {
+	if err := requireMember("member.", src.GetTeamId(), src.GetUserId()); err != nil {
 		return nil, err
 	}
 	var out *adminv1.TeamMember
@@ -380,22 +376,12 @@ func (s *teamService) UpdateTeamMember(ctx context.Context, req *connect.Request
 		}
 		return memberOutbox(ctx, tx, events.MemberUpserted, cur)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.UpdateTeamMemberResponse{Member: out}), nil
+	return reply(&adminv1.UpdateTeamMemberResponse{Member: out}, err)
 }
 
 func (s *teamService) RemoveTeamMember(ctx context.Context, req *connect.Request[adminv1.RemoveTeamMemberRequest]) (*connect.Response[adminv1.RemoveTeamMemberResponse], error) {
 	m := req.Msg
-	c := &validator{}
-	if m.GetTeamId() == "" {
-		c.add("team_id", "required")
-	}
-	if m.GetUserId() == "" {
-		c.add("user_id", "required")
-	}
-	if err := c.err(); err != nil {
+	if err := requireMember("", m.GetTeamId(), m.GetUserId()); err != nil {
 		return nil, err
 	}
 	err := s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
@@ -419,10 +405,7 @@ func (s *teamService) RemoveTeamMember(ctx context.Context, req *connect.Request
 		}
 		return memberOutbox(ctx, tx, events.MemberDeleted, cur)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return connect.NewResponse(&adminv1.RemoveTeamMemberResponse{}), nil
+	return reply(&adminv1.RemoveTeamMemberResponse{}, err)
 }
 
 func (s *teamService) ListTeamMembers(ctx context.Context, req *connect.Request[adminv1.ListTeamMembersRequest]) (*connect.Response[adminv1.ListTeamMembersResponse], error) {

@@ -227,13 +227,8 @@ func (s *adminTokenService) ListAdminTokens(ctx context.Context, req *connect.Re
 		return nil, err
 	}
 	resp := &adminv1.ListAdminTokensResponse{}
-	for _, r := range rows {
-		resp.AdminTokens = append(resp.AdminTokens, adminTokenToProto(r))
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.AdminTokens, resp.NextPageToken, err = page(rows, limit, infallible(adminTokenToProto), func(a store.AdminToken) string { return a.ID })
+	return reply(resp, err)
 }
 
 func (s *adminTokenService) RevokeAdminToken(ctx context.Context, req *connect.Request[adminv1.RevokeAdminTokenRequest]) (*connect.Response[adminv1.RevokeAdminTokenResponse], error) {

@@ -167,13 +167,8 @@ func (s *alertService) ListAlertWebhooks(ctx context.Context, req *connect.Reque
 		return nil, err
 	}
 	resp := &adminv1.ListAlertWebhooksResponse{}
-	for _, w := range rows {
-		resp.Webhooks = append(resp.Webhooks, webhookToProto(w))
-	}
-	if len(rows) > 0 {
-		resp.NextPageToken = nextPageToken(len(rows), limit, rows[len(rows)-1].ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Webhooks, resp.NextPageToken, err = page(rows, limit, infallible(webhookToProto), func(w store.Webhook) string { return w.ID })
+	return reply(resp, err)
 }
 
 func (s *alertService) DeleteAlertWebhook(ctx context.Context, req *connect.Request[adminv1.DeleteAlertWebhookRequest]) (*connect.Response[adminv1.DeleteAlertWebhookResponse], error) {
@@ -272,12 +267,7 @@ func (s *alertService) ListAlertDeliveries(ctx context.Context, req *connect.Req
 	if err != nil {
 		return nil, err
 	}
-	if after != "" {
-		var ok bool
-		if q.AfterAt, q.AfterID, ok = parseSpendCursor(after); !ok {
-			c.add("page_token", "not a token from a previous page")
-		}
-	}
+	q.AfterAt, q.AfterID = timeCursor(c, after)
 	if err := c.err(); err != nil {
 		return nil, err
 	}
@@ -286,14 +276,10 @@ func (s *alertService) ListAlertDeliveries(ctx context.Context, req *connect.Req
 		return nil, err
 	}
 	resp := &adminv1.ListAlertDeliveriesResponse{}
-	for _, d := range rows {
-		resp.Deliveries = append(resp.Deliveries, deliveryToProto(d))
-	}
-	if len(rows) > 0 {
-		last := rows[len(rows)-1]
-		resp.NextPageToken = nextPageToken(len(rows), limit, strconv.FormatInt(last.CreatedAt.UnixMicro(), 10)+"|"+last.ID)
-	}
-	return connect.NewResponse(resp), nil
+	resp.Deliveries, resp.NextPageToken, err = page(rows, limit, infallible(deliveryToProto), func(d store.Delivery) string {
+		return strconv.FormatInt(d.CreatedAt.UnixMicro(), 10) + "|" + d.ID
+	})
+	return reply(resp, err)
 }
 
 func (s *alertService) RetryAlertDelivery(ctx context.Context, req *connect.Request[adminv1.RetryAlertDeliveryRequest]) (*connect.Response[adminv1.RetryAlertDeliveryResponse], error) {
