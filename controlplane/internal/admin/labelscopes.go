@@ -27,19 +27,10 @@ const objLabelScope = string(events.ObjLabelScope)
 // accepts (nested "limits.<field>" paths included through "limits").
 var labelScopeUpdatable = []string{"limits"}
 
-// labelKinds maps the admin enum to the stored kind.
-var labelKinds = map[adminv1.LabelScopeKind]string{
-	adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT: store.LabelKindProject,
-	adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG:     store.LabelKindTag,
-}
-
-func labelKindToProto(k string) adminv1.LabelScopeKind {
-	for pk, sk := range labelKinds {
-		if sk == k {
-			return pk
-		}
-	}
-	return adminv1.LabelScopeKind_LABEL_SCOPE_KIND_UNSPECIFIED
+// labelKinds pairs the stored kinds with the admin enum.
+var labelKinds = enumPairs[string, adminv1.LabelScopeKind]{
+	{store.LabelKindProject, adminv1.LabelScopeKind_LABEL_SCOPE_KIND_PROJECT},
+	{store.LabelKindTag, adminv1.LabelScopeKind_LABEL_SCOPE_KIND_TAG},
 }
 
 func labelScopeToProto(l store.LabelScope) (*adminv1.LabelScope, error) {
@@ -48,7 +39,7 @@ func labelScopeToProto(l store.LabelScope) (*adminv1.LabelScope, error) {
 		return nil, err
 	}
 	return &adminv1.LabelScope{
-		Id: l.ID, OrgId: l.OrgID, Kind: labelKindToProto(l.Kind), Name: l.Name, Limits: lim,
+		Id: l.ID, OrgId: l.OrgID, Kind: labelKinds.toProto(l.Kind), Name: l.Name, Limits: lim,
 		CreateTime: timestamppb.New(l.CreatedAt), UpdateTime: timestamppb.New(l.UpdatedAt),
 	}, nil
 }
@@ -106,7 +97,8 @@ func (s *labelScopeService) CreateLabelScope(ctx context.Context, req *connect.R
 	if err := validateLabelScope(want); err != nil {
 		return nil, err
 	}
-	ls := store.LabelScope{ID: ids.New(ids.LabelScope), OrgID: orgID, Kind: labelKinds[want.Kind], Name: want.Name,
+	kind, _ := labelKinds.fromProto(want.Kind) // validated
+	ls := store.LabelScope{ID: ids.New(ids.LabelScope), OrgID: orgID, Kind: kind, Name: want.Name,
 		Limits: limitsJSON(want.Limits)}
 	out, err := createObject(ctx, s.store, labelScopeObjects, &ls, func(tx *store.Tx) error { return tx.LabelScopeInsert(ctx, &ls) })
 	return reply(&adminv1.CreateLabelScopeResponse{LabelScope: out}, err)
@@ -132,7 +124,8 @@ func (s *labelScopeService) ListLabelScopes(ctx context.Context, req *connect.Re
 	}
 	q := store.LabelScopeQuery{NamePrefix: m.GetNamePrefix()}
 	if k := m.GetKind(); k != adminv1.LabelScopeKind_LABEL_SCOPE_KIND_UNSPECIFIED {
-		if q.Kind = labelKinds[k]; q.Kind == "" {
+		var ok bool
+		if q.Kind, ok = labelKinds.fromProto(k); !ok {
 			return nil, invalid("kind", "must be LABEL_SCOPE_KIND_PROJECT, LABEL_SCOPE_KIND_TAG or unset")
 		}
 	}

@@ -21,53 +21,51 @@ type adminTokenService struct{ *Server }
 
 const objAdminToken = "admin_token"
 
-func scopeToProto(s authz.Scope) adminv1.Scope {
-	switch s {
-	case authz.ScopePlatform:
-		return adminv1.Scope_SCOPE_PLATFORM
-	case authz.ScopeOrg:
-		return adminv1.Scope_SCOPE_ORG
-	case authz.ScopeTeam:
-		return adminv1.Scope_SCOPE_TEAM
-	}
-	return adminv1.Scope_SCOPE_UNSPECIFIED
+// enumPairs pairs the values of a Go enum (A) with those of its admin API
+// enum (B); a value without a pair maps to B's zero (UNSPECIFIED) and
+// back to not ok.
+type enumPairs[A, B comparable] []struct {
+	a A
+	b B
 }
 
-func scopeFromProto(s adminv1.Scope) (authz.Scope, bool) {
-	switch s {
-	case adminv1.Scope_SCOPE_PLATFORM:
-		return authz.ScopePlatform, true
-	case adminv1.Scope_SCOPE_ORG:
-		return authz.ScopeOrg, true
-	case adminv1.Scope_SCOPE_TEAM:
-		return authz.ScopeTeam, true
+func (ps enumPairs[A, B]) toProto(a A) B {
+	for _, p := range ps {
+		if p.a == a {
+			return p.b
+		}
 	}
-	return 0, false
+	var unspecified B
+	return unspecified
 }
 
-func roleToProto(r authz.Role) adminv1.Role {
-	switch r {
-	case authz.RoleViewer:
-		return adminv1.Role_ROLE_VIEWER
-	case authz.RoleEditor:
-		return adminv1.Role_ROLE_EDITOR
-	case authz.RoleAdmin:
-		return adminv1.Role_ROLE_ADMIN
+func (ps enumPairs[A, B]) fromProto(b B) (A, bool) {
+	for _, p := range ps {
+		if p.b == b {
+			return p.a, true
+		}
 	}
-	return adminv1.Role_ROLE_UNSPECIFIED
+	var none A
+	return none, false
 }
 
-func roleFromProto(r adminv1.Role) (authz.Role, bool) {
-	switch r {
-	case adminv1.Role_ROLE_VIEWER:
-		return authz.RoleViewer, true
-	case adminv1.Role_ROLE_EDITOR:
-		return authz.RoleEditor, true
-	case adminv1.Role_ROLE_ADMIN:
-		return authz.RoleAdmin, true
+var (
+	scopes = enumPairs[authz.Scope, adminv1.Scope]{
+		{authz.ScopePlatform, adminv1.Scope_SCOPE_PLATFORM},
+		{authz.ScopeOrg, adminv1.Scope_SCOPE_ORG},
+		{authz.ScopeTeam, adminv1.Scope_SCOPE_TEAM},
 	}
-	return 0, false
-}
+	roles = enumPairs[authz.Role, adminv1.Role]{
+		{authz.RoleViewer, adminv1.Role_ROLE_VIEWER},
+		{authz.RoleEditor, adminv1.Role_ROLE_EDITOR},
+		{authz.RoleAdmin, adminv1.Role_ROLE_ADMIN},
+	}
+)
+
+func scopeToProto(s authz.Scope) adminv1.Scope           { return scopes.toProto(s) }
+func scopeFromProto(s adminv1.Scope) (authz.Scope, bool) { return scopes.fromProto(s) }
+func roleToProto(r authz.Role) adminv1.Role              { return roles.toProto(r) }
+func roleFromProto(r adminv1.Role) (authz.Role, bool)    { return roles.fromProto(r) }
 
 func adminTokenToProto(a store.AdminToken) *adminv1.AdminToken {
 	out := &adminv1.AdminToken{
