@@ -19,11 +19,7 @@ import (
 // customerService implements CustomerService.
 type customerService struct{ *Server }
 
-const (
-	objCustomer = string(events.ObjCustomer)
-
-	maxExternalIDLen = 200
-)
+const maxExternalIDLen = 200
 
 // customerUpdatable lists the update_mask paths UpdateCustomer accepts
 // (nested "limits.<field>" paths included through "limits").

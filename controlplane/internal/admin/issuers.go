@@ -23,8 +23,6 @@ import (
 type issuerService struct{ *Server }
 
 const (
-	objTrustedIssuer = string(events.ObjTrustedIssuer)
-
 	maxIssuerURLLen = 2000
 	maxAudienceLen  = 500
 	maxClaimLen     = 200

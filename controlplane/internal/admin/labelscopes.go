@@ -21,8 +21,6 @@ import (
 // org's projects and tags with other teams).
 type labelScopeService struct{ *Server }
 
-const objLabelScope = string(events.ObjLabelScope)
-
 // labelScopeUpdatable lists the update_mask paths UpdateLabelScope
 // accepts (nested "limits.<field>" paths included through "limits").
 var labelScopeUpdatable = []string{"limits"}

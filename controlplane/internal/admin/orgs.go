@@ -16,8 +16,6 @@ import (
 // orgService implements OrgService.
 type orgService struct{ *Server }
 
-const objOrg = string(events.ObjOrg)
-
 func orgToProto(o store.Org) (*adminv1.Org, error) {
 	l, err := limitsFromJSON(o.Limits)
 	if err != nil {

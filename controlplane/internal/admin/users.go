@@ -20,8 +20,6 @@ import (
 type userService struct{ *Server }
 
 const (
-	objUser = string(events.ObjUser)
-
 	maxEmailLen       = 254 // RFC 5321 path limit
 	maxDisplayNameLen = 200
 )
