@@ -100,11 +100,13 @@ func keySettings(sk *store.Key, k *adminv1.Key) {
 
 // validateKey checks the settable fields of k. The expiry must lie after
 // now only when it is being set (checkExpiry), so that an expired key can
-// still be edited.
-func validateKey(k *adminv1.Key, now time.Time, checkExpiry bool) error {
+// still be edited; the project is checked only when it is set or changed
+// (checkProject), so that a key created before the project rule can still
+// be edited in its other fields.
+func validateKey(k *adminv1.Key, now time.Time, checkExpiry, checkProject bool) error {
 	c := &validator{}
 	validateKeyLabel(c, "alias", k.GetAlias())
-	if k.GetProject() != "" {
+	if checkProject && k.GetProject() != "" {
 		// The same rule as project scopes: a key's project can be given limits.
 		validateProject(c, "project", k.GetProject())
 	}
@@ -278,7 +280,7 @@ func (s *keyService) CreateKey(ctx context.Context, req *connect.Request[adminv1
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	if err := validateKey(want, s.store.Now(), true); err != nil {
+	if err := validateKey(want, s.store.Now(), true, true); err != nil {
 		return nil, err
 	}
 	k := store.Key{ID: ids.New(ids.Key), OrgID: orgID, TeamID: teamID}
@@ -384,7 +386,7 @@ func (s *keyService) UpdateKey(ctx context.Context, req *connect.Request[adminv1
 		if err := applyMask(after, req.Msg.GetKey(), req.Msg.GetUpdateMask(), keyUpdatable...); err != nil {
 			return err
 		}
-		if err := validateKey(after, tx.Now(), settingExpiry); err != nil {
+		if err := validateKey(after, tx.Now(), settingExpiry, after.GetProject() != before.GetProject()); err != nil {
 			return err
 		}
 		if after.GetUserId() != before.GetUserId() && after.GetUserId() != "" {
