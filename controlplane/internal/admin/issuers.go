@@ -41,7 +41,7 @@ func issuerToProto(ti store.TrustedIssuer) *adminv1.TrustedIssuer {
 	}
 	return &adminv1.TrustedIssuer{Id: ti.ID, OrgId: ti.OrgID, Issuer: ti.Issuer, Audience: ti.Audience, JwksUrl: ti.JWKSURL,
 		TeamClaim: ti.TeamClaim, UserClaim: ti.UserClaim, CustomerClaim: ti.CustomerClaim, UnknownPolicy: policy,
-		DefaultTeamId: ti.DefaultTeamID, CreateTime: timestamppb.New(ti.CreatedAt)}
+		DefaultTeamId: ti.DefaultTeamID, CreateTime: timestamppb.New(ti.CreatedAt), ProjectClaim: ti.ProjectClaim, TagsClaim: ti.TagsClaim}
 }
 
 // validateIssuerURL: an absolute https URL without query or fragment;
@@ -118,6 +118,8 @@ func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Re
 	validateClaim(c, "team_claim", m.GetTeamClaim())
 	validateClaim(c, "user_claim", m.GetUserClaim())
 	validateClaim(c, "customer_claim", m.GetCustomerClaim())
+	validateClaim(c, "project_claim", m.GetProjectClaim())
+	validateClaim(c, "tags_claim", m.GetTagsClaim())
 	policy := policyRefuse
 	switch m.GetUnknownPolicy() {
 	case adminv1.UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_UNSPECIFIED, adminv1.UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_REFUSE:
@@ -147,7 +149,7 @@ func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Re
 	}
 	ti := store.TrustedIssuer{ID: ids.New(ids.Issuer), OrgID: orgID, Issuer: m.GetIssuer(), Audience: m.GetAudience(),
 		JWKSURL: m.GetJwksUrl(), TeamClaim: m.GetTeamClaim(), UserClaim: m.GetUserClaim(), CustomerClaim: m.GetCustomerClaim(),
-		UnknownPolicy: policy, DefaultTeamID: m.GetDefaultTeamId()}
+		ProjectClaim: m.GetProjectClaim(), TagsClaim: m.GetTagsClaim(), UnknownPolicy: policy, DefaultTeamID: m.GetDefaultTeamId()}
 	var out *adminv1.TrustedIssuer
 	err = s.store.Mutate(ctx, actor(ctx), func(tx *store.Tx) error {
 		if err := tx.TrustedIssuerInsert(ctx, &ti); err != nil {

@@ -227,7 +227,7 @@ func TrustedIssuer(ti store.TrustedIssuer) *configv1.TrustedIssuer {
 	}
 	return &configv1.TrustedIssuer{Id: ti.ID, OrgId: ti.OrgID, Issuer: ti.Issuer, Audience: ti.Audience, JwksUrl: ti.JWKSURL,
 		TeamClaim: ti.TeamClaim, UserClaim: ti.UserClaim, CustomerClaim: ti.CustomerClaim,
-		UnknownPolicy: policy, DefaultTeamId: ti.DefaultTeamID}
+		UnknownPolicy: policy, DefaultTeamId: ti.DefaultTeamID, ProjectClaim: ti.ProjectClaim, TagsClaim: ti.TagsClaim}
 }
 
 // createdAt is t for a message's created_at (nil when unknown).

@@ -1626,6 +1626,11 @@ type TrustedIssuer struct {
 	CustomerClaim string                `protobuf:"bytes,8,opt,name=customer_claim,json=customerClaim,proto3" json:"customer_claim,omitempty"`
 	UnknownPolicy UnknownIdentityPolicy `protobuf:"varint,9,opt,name=unknown_policy,json=unknownPolicy,proto3,enum=sluice.config.v1.UnknownIdentityPolicy" json:"unknown_policy,omitempty"`
 	DefaultTeamId string                `protobuf:"bytes,10,opt,name=default_team_id,json=defaultTeamId,proto3" json:"default_team_id,omitempty"`
+	// Dot paths of the claims naming the project and the tags of a token's
+	// requests (as a key's project and tags: project and tag scopes limit
+	// them, docs/tenancy.md); "": none.
+	ProjectClaim  string `protobuf:"bytes,470,opt,name=project_claim,json=projectClaim,proto3" json:"project_claim,omitempty"`
+	TagsClaim     string `protobuf:"bytes,471,opt,name=tags_claim,json=tagsClaim,proto3" json:"tags_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1726,6 +1731,20 @@ func (x *TrustedIssuer) GetUnknownPolicy() UnknownIdentityPolicy {
 func (x *TrustedIssuer) GetDefaultTeamId() string {
 	if x != nil {
 		return x.DefaultTeamId
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetProjectClaim() string {
+	if x != nil {
+		return x.ProjectClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetTagsClaim() string {
+	if x != nil {
+		return x.TagsClaim
 	}
 	return ""
 }
@@ -3770,7 +3789,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x120\n" +
-	"\x06limits\x18\x05 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\"\xe2\x02\n" +
+	"\x06limits\x18\x05 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\"\xa8\x03\n" +
 	"\rTrustedIssuer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x16\n" +
@@ -3784,7 +3803,10 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x0ecustomer_claim\x18\b \x01(\tR\rcustomerClaim\x12N\n" +
 	"\x0eunknown_policy\x18\t \x01(\x0e2'.sluice.config.v1.UnknownIdentityPolicyR\runknownPolicy\x12&\n" +
 	"\x0fdefault_team_id\x18\n" +
-	" \x01(\tR\rdefaultTeamId\"\xa5\x01\n" +
+	" \x01(\tR\rdefaultTeamId\x12$\n" +
+	"\rproject_claim\x18\xd6\x03 \x01(\tR\fprojectClaim\x12\x1e\n" +
+	"\n" +
+	"tags_claim\x18\xd7\x03 \x01(\tR\ttagsClaim\"\xa5\x01\n" +
 	"\n" +
 	"BudgetSeed\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x12\n" +
