@@ -336,3 +336,52 @@ func toInt(t *testing.T, v any) int64 {
 	t.Fatalf("not a number: %v", v)
 	return 0
 }
+
+// TestGetDeploymentTrafficRoundTrip: get -o yaml writes a deployment's
+// traffic settings (reserve, batch cap, prefill cap, priority scheduling,
+// class priorities, queues) as apply's traffic: accepts them: applying the
+// output is a no-op, and after the live settings changed it restores them
+// exactly; a deployment without traffic settings gets no traffic: key.
+func TestGetDeploymentTrafficRoundTrip(t *testing.T) {
+	t.Parallel()
+	server, _ := startServer(t)
+	root := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+bootstrapToken)
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	doc := func(traffic string) string {
+		return `kind: ModelGroup
+name: shared
+platform_wide: true
+routing: {strategy: least_outstanding}
+deployments:
+  - api_base: http://vllm-a:8000/v1
+    upstream_model: m
+    free: true
+    max_concurrency: 16
+    traffic: ` + traffic + `
+  - api_base: http://vllm-b:8000/v1
+    upstream_model: m
+    free: true
+`
+	}
+	full := `{interactive_reserve: 4, batch_max_concurrency: 6, max_prefill_tokens_in_flight: 8192, priority_scheduling: true,
+      class_priority: {interactive: 0, batch: 30}, queues: [{traffic_class: TRAFFIC_CLASS_BATCH, max_length: 50, timeout_ms: 60000}]}`
+	require.NoError(t, os.WriteFile(file, []byte(doc(full)), 0o600))
+	root.ok("apply", "-f", file)
+	y := root.ok("get", "model-group", "shared", "-o", "yaml")
+	for _, want := range []string{"interactive_reserve: 4", "batch_max_concurrency: 6", "max_prefill_tokens_in_flight: 8192",
+		"priority_scheduling: true", "batch: 30", "traffic_class: TRAFFIC_CLASS_BATCH", "max_length: 50", "timeout_ms: 60000"} {
+		require.Contains(t, y, want)
+	}
+	require.Equal(t, 1, strings.Count(y, "traffic:"), "only the deployment with settings has traffic:\n%s", y)
+	r := root.runIn(y, "apply", "-f", "-")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, "Applied: no changes.\n", r.stdout)
+
+	// Other live settings: applying the earlier output restores them.
+	require.NoError(t, os.WriteFile(file, []byte(doc(`{max_prefill_tokens_in_flight: 100}`)), 0o600))
+	require.Contains(t, root.ok("apply", "-f", file), "~ DeploymentTraffic shared http://vllm-a:8000/v1 (m)")
+	r = root.runIn(y, "apply", "-f", "-")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Equal(t, []string{"~ DeploymentTraffic shared http://vllm-a:8000/v1 (m)"}, planLines(r.stdout))
+	require.Equal(t, y, root.ok("get", "model-group", "shared", "-o", "yaml"))
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -199,6 +200,45 @@ func (t *trafficDoc) UnmarshalYAML(n *yaml.Node) error {
 	}
 	t.node = *n
 	return nil
+}
+
+// MarshalYAML writes the kept node (get -o yaml).
+func (t *trafficDoc) MarshalYAML() (any, error) { return &t.node, nil }
+
+// trafficDocOf is the document form of a deployment's traffic settings
+// (nil when nothing is set): their protojson (proto field names, what
+// trafficProto decodes) as YAML, with protojson's quoted int64 values
+// written as integers (DeploymentTraffic has no free-form string field:
+// its strings are enum names and durations).
+func trafficDocOf(t *adminv1.DeploymentTraffic) (*trafficDoc, error) {
+	if t == nil || isEmpty(t) {
+		return nil, nil
+	}
+	j, err := compareJSON.Marshal(t)
+	if err != nil {
+		return nil, err
+	}
+	var n yaml.Node
+	if err := yaml.Unmarshal(j, &n); err != nil {
+		return nil, err
+	}
+	var plain func(*yaml.Node)
+	plain = func(n *yaml.Node) {
+		n.Style = 0 // block style, unquoted where YAML allows
+		if n.Kind == yaml.ScalarNode && n.Tag == "!!str" {
+			if _, err := strconv.ParseInt(n.Value, 10, 64); err == nil {
+				n.Tag = "!!int"
+			}
+		}
+		for _, c := range n.Content {
+			plain(c)
+		}
+	}
+	plain(&n)
+	if n.Kind != yaml.DocumentNode || len(n.Content) != 1 {
+		return nil, fmt.Errorf("traffic: unexpected YAML of %s", j)
+	}
+	return &trafficDoc{node: *n.Content[0]}, nil
 }
 
 // trafficProto decodes the document's traffic settings (nil: none set).

@@ -144,9 +144,10 @@ func printTrace(w io.Writer, tr *configv1.ExplainTrace) {
 	if len(tr.GetDeployments()) > 0 {
 		fmt.Fprintf(w, "\nDeployments:\n")
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintf(tw, "  ID\tUPSTREAM\tWEIGHT\tTAGS\tCANDIDATE\tFILTERED BY\tWHY\n")
+		fmt.Fprintf(tw, "  ID\tUPSTREAM\tWEIGHT\tTAGS\tCANDIDATE\tPREFILL IN FLIGHT\tFILTERED BY\tWHY\n")
 		for _, d := range tr.GetDeployments() {
-			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%v\t%s\t%s\n", d.GetId(), d.GetUpstreamModel(), d.GetWeight(), cell(strings.Join(d.GetTags(), ",")), d.GetCandidate(), cell(d.GetFilteredBy()), cell(d.GetReason()))
+			fmt.Fprintf(tw, "  %s\t%s\t%d\t%s\t%v\t%s\t%s\t%s\n", d.GetId(), d.GetUpstreamModel(), d.GetWeight(), cell(strings.Join(d.GetTags(), ",")), d.GetCandidate(),
+				prefillCell(d), cell(d.GetFilteredBy()), cell(d.GetReason()))
 		}
 		_ = tw.Flush()
 	}
@@ -190,4 +191,25 @@ func printTrace(w io.Writer, tr *configv1.ExplainTrace) {
 	for _, n := range tr.GetNotes() {
 		fmt.Fprintf(w, "Note: %s\n", n)
 	}
+}
+
+// prefillCell is a deployment's fleet-wide prefill tokens in flight over its
+// max_prefill_tokens_in_flight ("-": no cap; "?": no fleet-wide count), and
+// "skipped: prefill cap" when the cap would skip it for this request.
+func prefillCell(d *configv1.ExplainDeployment) string {
+	if d.PrefillTokensInFlight == nil && d.GetMaxPrefillTokensInFlight() == 0 {
+		return "-"
+	}
+	inFlight, capTokens := "?", "-"
+	if d.PrefillTokensInFlight != nil {
+		inFlight = fmt.Sprint(d.GetPrefillTokensInFlight())
+	}
+	if c := d.GetMaxPrefillTokensInFlight(); c > 0 {
+		capTokens = fmt.Sprint(c)
+	}
+	out := inFlight + "/" + capTokens
+	if d.GetPrefillCapped() {
+		out += fmt.Sprintf(" (+%d: skipped, prefill cap)", d.GetPrefillEstimate())
+	}
+	return out
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
 
 // TestExplainCommand drives `sluicectl explain` against the built `sluice
@@ -71,4 +73,36 @@ func TestExplainCommand(t *testing.T) {
 	require.Contains(t, root.fail("explain", "--key", keyID, "--model", "chat", "-H", "no-colon"), "Name: value")
 	require.Contains(t, root.fail("explain", "--key", keyID, "--model", "chat", "-H", "Authorization: Bearer x"), "query.headers[Authorization]")
 	require.Contains(t, root.fail("explain", "--token-env", "UNSET_VAR", "--model", "chat"), "$UNSET_VAR is empty")
+}
+
+// TestExplainTablePrefill: the human table shows each deployment's
+// fleet-wide prefill in flight over its prefill cap, and a candidate the cap
+// would skip.
+func TestExplainTablePrefill(t *testing.T) {
+	t.Parallel()
+	pt, none := int64(700), int64(0)
+	var b strings.Builder
+	printTrace(&b, &configv1.ExplainTrace{
+		Outcome: &configv1.ExplainOutcome{Status: 200},
+		Deployments: []*configv1.ExplainDeployment{
+			{Id: "d-capped", Candidate: true, PrefillTokensInFlight: &pt, MaxPrefillTokensInFlight: 1000, PrefillEstimate: 500, PrefillCapped: true},
+			{Id: "d-free", Candidate: true, PrefillTokensInFlight: &none},
+			{Id: "d-local", Candidate: true},
+		},
+		Routing: &configv1.ExplainRouting{Order: []string{"d-free"}},
+	})
+	out := b.String()
+	require.Contains(t, out, "PREFILL IN FLIGHT")
+	line := func(id string) string {
+		for l := range strings.SplitSeq(out, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(l), id+" ") {
+				return l
+			}
+		}
+		t.Fatalf("no row %s in\n%s", id, out)
+		return ""
+	}
+	require.Contains(t, line("d-capped"), "700/1000 (+500: skipped, prefill cap)")
+	require.Contains(t, line("d-free"), "0/-")
+	require.NotContains(t, line("d-local"), "/")
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
 
 func getCommand() *command {
@@ -132,7 +134,18 @@ func getDocuments(ctx context.Context, cl *clients, kind, name, org string) ([]a
 				d.GrantedOrgs = &names
 			}
 			for _, dep := range st.deps[n] {
-				d.Deployments = append(d.Deployments, deploymentFromProto(dep))
+				dd := deploymentFromProto(dep)
+				// The traffic settings apply accepts under traffic:
+				// (reserve, class caps, prefill cap, priority
+				// scheduling, queues), so that get | apply is a no-op.
+				r, err := call(ctx, cl.traffic.GetDeploymentTraffic, &adminv1.GetDeploymentTrafficRequest{DeploymentId: dep.GetId()})
+				if err != nil {
+					return nil, fmt.Errorf("get traffic settings of deployment %s: %w", dep.GetId(), err)
+				}
+				if dd.Traffic, err = trafficDocOf(r.GetTraffic()); err != nil {
+					return nil, fmt.Errorf("deployment %s: %w", dep.GetId(), err)
+				}
+				d.Deployments = append(d.Deployments, dd)
 			}
 			docs = append(docs, d)
 		}

@@ -59,6 +59,8 @@ func runIssuerCreate(ctx context.Context, a *app, c *cmdArgs) error {
 	fs.StringVar(&req.TeamClaim, "team-claim", "", "dot path of the claim naming the team (name or id)")
 	fs.StringVar(&req.UserClaim, "user-claim", "", "dot path of the claim naming the user (e-mail or id)")
 	fs.StringVar(&req.CustomerClaim, "customer-claim", "", "dot path of the claim naming the end customer")
+	fs.StringVar(&req.ProjectClaim, "project-claim", "", "dot path of the claim naming the project (project scopes limit it, like a key's)")
+	fs.StringVar(&req.TagsClaim, "tags-claim", "", "dot path of the claim naming the tags, an array of strings (tag scopes limit them, like a key's)")
 	policy := fs.String("unknown", "refuse", "a team or user the org does not have: refuse, or default_team")
 	fs.StringVar(&req.DefaultTeamId, "default-team", "", "team id for --unknown default_team or without --team-claim")
 	if err := a.parseNamed(fs, c, &req.Issuer, "issuer"); err != nil {

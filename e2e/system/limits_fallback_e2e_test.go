@@ -10,6 +10,7 @@ import (
 	"github.com/sluicegw/sluice/e2e/harness"
 
 	"connectrpc.com/connect"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
@@ -77,10 +78,13 @@ func TestLocalRateFallbackSharesTheLimit(t *testing.T) {
 }
 
 // TestSoleDataPlaneSkipsStartupQuarantine: on a Redis without state, a
-// fleet's data planes quarantine concurrency-limited scopes (503
-// limits_recovering) until live requests could re-assert their leases; a
-// data plane declared the only one (sluice dev) bootstraps every epoch of
-// its first snapshot and serves at once.
+// fleet's data planes quarantine concurrency-limited scopes of orgs and
+// deployments created long before (503 limits_recovering) until live
+// requests could re-assert their leases; a data plane declared the only one
+// (sluice dev) bootstraps every epoch of its first snapshot and serves at
+// once. And any data plane bootstraps the epochs of the orgs and
+// deployments of its first snapshot created within
+// configsync.FirstSnapshotNewAge, and serves their first request at once.
 func TestSoleDataPlaneSkipsStartupQuarantine(t *testing.T) {
 	t.Parallel()
 	d := startDist(t)
@@ -97,23 +101,35 @@ func TestSoleDataPlaneSkipsStartupQuarantine(t *testing.T) {
 	_, err = d.Clients().Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: &adminv1.Key{Id: ten.KeyID,
 		Limits: &adminv1.Limits{MaxParallelRequests: &par}}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"limits"}}}))
 	require.NoError(t, err)
-	for _, sole := range []bool{false, true} {
+	// The data plane's first snapshot must hold the org, key and deployment
+	// (a data plane that learns them from events bootstraps them anyway).
+	d.freshSnapshot(t)
+	run := func(sole bool, wantOK bool) {
 		harness.CleanRedisPrefix(t, d.RedisURL, d.RedisPrefix) // Redis without state
 		p := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.SoleDataPlane = sole })
+		defer p.Cancel()
 		harness.Eventually(t, func() bool {
 			pr, err := p.DP.Catalog().Authenticate(testPeppers(t), ten.Token, time.Now())
 			return err == nil && pr.Key.GetLimits().GetMaxParallelRequests() == par && len(p.DP.Catalog().Deployments("m")) == 1
 		}, 10*time.Second, 10*time.Millisecond)
-		var e openAIError
-		if sole {
+		e := settingsPost(t, p, ten.Token, "", settingsBody)
+		if wantOK {
 			// The epochs were bootstrapped before the data plane was ready.
-			e = settingsPost(t, p, ten.Token, "", settingsBody)
-			require.Equal(t, http.StatusOK, e.status, "sole data plane: %s %s", e.Error.Code, e.Error.Message)
+			require.Equal(t, http.StatusOK, e.status, "sole=%v: %s %s", sole, e.Error.Code, e.Error.Message)
 		} else {
-			e = settingsPost(t, p, ten.Token, "", settingsBody)
 			require.Equal(t, http.StatusServiceUnavailable, e.status)
 			require.Equal(t, dataplane.CodeLimitsRecovering, e.Error.Code)
 		}
-		p.Cancel()
 	}
+	run(false, true) // created just now: bootstrapped by any data plane
+	// Created long before: a missing epoch may be lost state.
+	d.pg(t, func(ctx context.Context, conn *pgx.Conn) {
+		for _, table := range []string{"orgs", "deployments"} {
+			_, err := conn.Exec(ctx, `UPDATE `+table+` SET created_at = created_at - interval '1 hour'`)
+			require.NoError(t, err)
+		}
+	})
+	d.freshSnapshot(t)
+	run(false, false)
+	run(true, true)
 }

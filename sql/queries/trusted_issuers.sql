@@ -1,8 +1,8 @@
 -- name: TrustedIssuerInsert :exec
 INSERT INTO trusted_issuers (id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim,
-    unknown_policy, default_team_id, created_at)
+    unknown_policy, default_team_id, created_at, project_claim, tags_claim)
 VALUES (@id, @org_id, @issuer, @audience, @jwks_url, @team_claim, @user_claim, @customer_claim,
-    @unknown_policy, sqlc.narg(default_team_id), @created_at);
+    @unknown_policy, sqlc.narg(default_team_id), @created_at, @project_claim, @tags_claim);
 
 -- name: TrustedIssuerGet :one
 SELECT * FROM trusted_issuers

@@ -38,7 +38,7 @@ func issuerToProto(ti store.TrustedIssuer) *adminv1.TrustedIssuer {
 	}
 	return &adminv1.TrustedIssuer{Id: ti.ID, OrgId: ti.OrgID, Issuer: ti.Issuer, Audience: ti.Audience, JwksUrl: ti.JWKSURL,
 		TeamClaim: ti.TeamClaim, UserClaim: ti.UserClaim, CustomerClaim: ti.CustomerClaim, UnknownPolicy: policy,
-		DefaultTeamId: ti.DefaultTeamID, CreateTime: timestamppb.New(ti.CreatedAt)}
+		DefaultTeamId: ti.DefaultTeamID, CreateTime: timestamppb.New(ti.CreatedAt), ProjectClaim: ti.ProjectClaim, TagsClaim: ti.TagsClaim}
 }
 
 // validateIssuerURL: an absolute https URL without query or fragment;
@@ -109,6 +109,8 @@ func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Re
 	validateClaim(c, "team_claim", m.GetTeamClaim())
 	validateClaim(c, "user_claim", m.GetUserClaim())
 	validateClaim(c, "customer_claim", m.GetCustomerClaim())
+	validateClaim(c, "project_claim", m.GetProjectClaim())
+	validateClaim(c, "tags_claim", m.GetTagsClaim())
 	policy := policyRefuse
 	switch m.GetUnknownPolicy() {
 	case adminv1.UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_UNSPECIFIED, adminv1.UnknownIdentityPolicy_UNKNOWN_IDENTITY_POLICY_REFUSE:
@@ -138,7 +140,7 @@ func (s *issuerService) CreateTrustedIssuer(ctx context.Context, req *connect.Re
 	}
 	ti := store.TrustedIssuer{ID: ids.New(ids.Issuer), OrgID: orgID, Issuer: m.GetIssuer(), Audience: m.GetAudience(),
 		JWKSURL: m.GetJwksUrl(), TeamClaim: m.GetTeamClaim(), UserClaim: m.GetUserClaim(), CustomerClaim: m.GetCustomerClaim(),
-		UnknownPolicy: policy, DefaultTeamID: m.GetDefaultTeamId()}
+		ProjectClaim: m.GetProjectClaim(), TagsClaim: m.GetTagsClaim(), UnknownPolicy: policy, DefaultTeamID: m.GetDefaultTeamId()}
 	out, err := createObject(ctx, s.store, issuerObjects, &ti, func(tx *store.Tx) error { return tx.TrustedIssuerInsert(ctx, &ti) })
 	return reply(&adminv1.CreateTrustedIssuerResponse{Issuer: out}, err)
 }

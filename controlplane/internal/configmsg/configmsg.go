@@ -60,7 +60,7 @@ func Org(o store.Org) (*configv1.Org, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &configv1.Org{Id: o.ID, Limits: l, Blocked: o.Blocked}
+	m := &configv1.Org{Id: o.ID, Limits: l, Blocked: o.Blocked, CreatedAt: createdAt(o.CreatedAt)}
 	t := &configv1.OrgTraffic{}
 	if ok, err := traffic(o.Traffic, t); err != nil {
 		return nil, fmt.Errorf("org %s: %w", o.ID, err)
@@ -207,7 +207,8 @@ func Deployment(d store.Deployment) (*configv1.Deployment, error) {
 		Tags: d.Tags,
 		Prices: &configv1.Prices{InputPerToken: d.InputPrice, OutputPerToken: d.OutputPrice,
 			CachedInputPerToken: d.CachedInputPrice},
-		Free: d.Free,
+		Free:      d.Free,
+		CreatedAt: createdAt(d.CreatedAt),
 	}
 	t := &configv1.DeploymentTraffic{}
 	if ok, err := traffic(d.Traffic, t); err != nil {
@@ -226,5 +227,13 @@ func TrustedIssuer(ti store.TrustedIssuer) *configv1.TrustedIssuer {
 	}
 	return &configv1.TrustedIssuer{Id: ti.ID, OrgId: ti.OrgID, Issuer: ti.Issuer, Audience: ti.Audience, JwksUrl: ti.JWKSURL,
 		TeamClaim: ti.TeamClaim, UserClaim: ti.UserClaim, CustomerClaim: ti.CustomerClaim,
-		UnknownPolicy: policy, DefaultTeamId: ti.DefaultTeamID}
+		UnknownPolicy: policy, DefaultTeamId: ti.DefaultTeamID, ProjectClaim: ti.ProjectClaim, TagsClaim: ti.TagsClaim}
+}
+
+// createdAt is t for a message's created_at (nil when unknown).
+func createdAt(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
 }

@@ -12,6 +12,7 @@ import (
 type TrustedIssuer struct {
 	ID, OrgID, Issuer, Audience, JWKSURL string
 	TeamClaim, UserClaim, CustomerClaim  string
+	ProjectClaim, TagsClaim              string // "" for none
 	UnknownPolicy                        string // "refuse" or "default_team"
 	DefaultTeamID                        string // "" for none
 	CreatedAt                            time.Time
@@ -20,6 +21,7 @@ type TrustedIssuer struct {
 func trustedIssuerFromRow(r dbsqlc.TrustedIssuer) TrustedIssuer {
 	return TrustedIssuer{ID: r.ID, OrgID: r.OrgID, Issuer: r.Issuer, Audience: r.Audience, JWKSURL: r.JwksUrl,
 		TeamClaim: r.TeamClaim, UserClaim: r.UserClaim, CustomerClaim: r.CustomerClaim,
+		ProjectClaim: r.ProjectClaim, TagsClaim: r.TagsClaim,
 		UnknownPolicy: r.UnknownPolicy, DefaultTeamID: derefStr(r.DefaultTeamID), CreatedAt: r.CreatedAt}
 }
 
@@ -53,6 +55,7 @@ func (t *Tx) TrustedIssuerInsert(ctx context.Context, ti *TrustedIssuer) error {
 		ID: ti.ID, OrgID: ti.OrgID, Issuer: ti.Issuer, Audience: ti.Audience, JwksUrl: ti.JWKSURL,
 		TeamClaim: ti.TeamClaim, UserClaim: ti.UserClaim, CustomerClaim: ti.CustomerClaim,
 		UnknownPolicy: ti.UnknownPolicy, DefaultTeamID: optStr(ti.DefaultTeamID), CreatedAt: t.now,
+		ProjectClaim: ti.ProjectClaim, TagsClaim: ti.TagsClaim,
 	}))
 }
 

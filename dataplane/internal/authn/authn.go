@@ -36,6 +36,10 @@ type Principal struct {
 // trusted issuer): team (name or id), user (e-mail or id), end customer.
 type Identity struct {
 	Subject, Team, User, Customer string
+	// Project and Tags are mapped by the issuer's project_claim and
+	// tags_claim (checked by internal/labels), as a key's project and tags.
+	Project string
+	Tags    []string
 }
 
 // Errors of Authenticate. ErrMalformed, ErrUnknown and ErrExpired are

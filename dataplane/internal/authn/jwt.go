@@ -14,6 +14,7 @@ import (
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/sluicegw/sluice/dataplane/internal/openai"
+	"github.com/sluicegw/sluice/internal/labels"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
 
@@ -129,6 +130,28 @@ func ClaimsPrincipal(dir Directory, ti *configv1.TrustedIssuer, subject string, 
 		}
 		*m.dst = v
 	}
+	if c := ti.GetProjectClaim(); c != "" {
+		v, ok := ClaimString(claims, c)
+		if !ok {
+			return nil, invalidToken("the claim %q is not a string or number", c)
+		}
+		if v != "" {
+			if err := labels.Project(v); err != nil {
+				return nil, invalidToken("the claim %q is not a project: %v", c, err)
+			}
+		}
+		id.Project = v
+	}
+	if c := ti.GetTagsClaim(); c != "" {
+		v, ok := ClaimStrings(claims, c)
+		if !ok {
+			return nil, invalidToken("the claim %q is not an array of strings (or a string)", c)
+		}
+		if err := labels.Tags(v); err != nil {
+			return nil, invalidToken("the claim %q does not hold tags: %v", c, err)
+		}
+		id.Tags = v
+	}
 	p, err := dir.JWTPrincipal(ti, id)
 	var blocked *BlockedError
 	switch {
@@ -154,6 +177,47 @@ func algNames() string {
 		names[i] = string(a)
 	}
 	return strings.Join(names, ", ")
+}
+
+// ClaimStrings returns the claim at a dot path as a list of strings: an
+// array of strings or numbers, or one string or number (a list of one); a
+// missing claim (or an empty string) as none (ok). Other types are not ok.
+func ClaimStrings(claims map[string]any, path string) ([]string, bool) {
+	parent, last := claims, path
+	if i := strings.LastIndex(path, "."); i >= 0 {
+		var v any = claims
+		for part := range strings.SplitSeq(path[:i], ".") {
+			m, isMap := v.(map[string]any)
+			if !isMap {
+				return nil, v == nil
+			}
+			if v = m[part]; v == nil {
+				return nil, true
+			}
+		}
+		m, isMap := v.(map[string]any)
+		if !isMap {
+			return nil, false
+		}
+		parent, last = m, path[i+1:]
+	}
+	arr, isArr := parent[last].([]any)
+	if !isArr {
+		s, ok := ClaimString(parent, last)
+		if !ok || s == "" {
+			return nil, ok
+		}
+		return []string{s}, true
+	}
+	out := make([]string, 0, len(arr))
+	for _, e := range arr {
+		s, ok := ClaimString(map[string]any{"v": e}, "v")
+		if !ok || e == nil {
+			return nil, false
+		}
+		out = append(out, s)
+	}
+	return out, true
 }
 
 // ClaimString returns the claim at a dot path ("realm.team" is

@@ -594,6 +594,24 @@ func (c *Catalog) OrgIDs() []string {
 	return out
 }
 
+// CreatedSince returns the orgs and deployments created at or after t
+// (their created_at; those without one are not returned).
+func (c *Catalog) CreatedSince(t time.Time) (orgs, deployments []string) {
+	for id, o := range c.orgs {
+		if ts := o.GetCreatedAt(); ts != nil && !ts.AsTime().Before(t) {
+			orgs = append(orgs, id)
+		}
+	}
+	for id, d := range c.deployments {
+		if ts := d.GetCreatedAt(); ts != nil && !ts.AsTime().Before(t) {
+			deployments = append(deployments, id)
+		}
+	}
+	slices.Sort(orgs)
+	slices.Sort(deployments)
+	return orgs, deployments
+}
+
 // HasOrg reports whether the catalog holds the org.
 func (c *Catalog) HasOrg(id string) bool { return c.orgs[id] != nil }
 

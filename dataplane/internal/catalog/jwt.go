@@ -109,7 +109,11 @@ func (c *Catalog) JWTPrincipal(ti *configv1.TrustedIssuer, id authn.Identity) (*
 			return nil, authn.ErrUnknownUser
 		}
 	}
-	p.Key = &configv1.Key{Id: "jwt:" + ti.GetId(), OrgId: orgID, TeamId: p.Team.GetId(), UserId: p.User.GetId()}
+	// The project and tags mapped from the token's claims: its requests
+	// are limited by the org's project and tag scopes like a key's
+	// (LabelScopes) and use the tag pool its tags pick.
+	p.Key = &configv1.Key{Id: "jwt:" + ti.GetId(), OrgId: orgID, TeamId: p.Team.GetId(), UserId: p.User.GetId(),
+		Project: id.Project, Tags: id.Tags}
 	switch {
 	case org.GetBlocked():
 		return p, &authn.BlockedError{Scope: authn.ScopeOrg}

@@ -65,7 +65,8 @@ type Config struct {
 	Logger  *slog.Logger
 	// OnCreate, when set, is called with the org ids and deployment ids an
 	// event or a snapshot replacing the running one creates (absent from
-	// the catalog before it), before the catalog that holds them is
+	// the catalog before it), and with those of the first snapshot created
+	// within FirstSnapshotNewAge, before the catalog that holds them is
 	// published. It must return quickly.
 	OnCreate func(orgs, deployments []string)
 	// BeforeFirst, when set, is called with the first catalog before it is
@@ -419,7 +420,12 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 	if cur == nil && s.cfg.BeforeFirst != nil {
 		s.cfg.BeforeFirst(next)
 	}
-	if cur != nil {
+	if cur == nil {
+		// Orgs and deployments created shortly before this data plane's
+		// first snapshot: their epochs are missing because they are new,
+		// not because Redis lost their state.
+		s.firstCreated(next)
+	} else {
 		// Orgs and deployments whose creation this data plane learns from
 		// the snapshot rather than an event (after a gap, or the first
 		// snapshot of a distribution epoch).
@@ -504,6 +510,25 @@ func (s *Syncer) created(prev *catalog.Catalog, ev *configv1.Event) {
 		if !prev.HasDeployment(ch.Deployment.GetId()) {
 			s.cfg.OnCreate(nil, []string{ch.Deployment.GetId()})
 		}
+	}
+}
+
+// FirstSnapshotNewAge is how recently an org or deployment of a data
+// plane's first snapshot must have been created (its created_at) for the
+// data plane to report it to Config.OnCreate as new. An older one whose
+// limits epoch is missing is more likely to have lost its state (it was
+// used before) and waits out the quarantine once.
+const FirstSnapshotNewAge = 15 * time.Minute
+
+// firstCreated reports to Config.OnCreate the orgs and deployments of the
+// first snapshot created within FirstSnapshotNewAge.
+func (s *Syncer) firstCreated(next *catalog.Catalog) {
+	if s.cfg.OnCreate == nil {
+		return
+	}
+	orgs, deps := next.CreatedSince(time.Now().Add(-FirstSnapshotNewAge))
+	if len(orgs)+len(deps) > 0 {
+		s.cfg.OnCreate(orgs, deps)
 	}
 }
 

@@ -230,6 +230,7 @@ func (h *Handler) Explain(ctx context.Context, scope ExplainScope, q *configv1.E
 				c.d.GetId(), c.standing.Label(&c.st.Health, time.Now())))
 		}
 	}
+	x.explainPrefill(ctx, tr, rows, cands)
 	for _, sk := range x.skipped {
 		tr.Notes = append(tr.Notes, fmt.Sprintf("fallback group %s skipped: %s", sk.group, sk.why))
 	}
@@ -494,6 +495,37 @@ func (x *exchange) explainLimits(ctx context.Context, tr *configv1.ExplainTrace,
 		}
 	}
 	return refusal
+}
+
+// explainPrefill fills the candidates' prefill rows: the fleet-wide
+// prefill tokens in flight of each one with max_concurrency (read from its
+// max_concurrency scope, as admitDeployment's admission counts them), the
+// prefill cap, this request's estimate, and whether the cap would make
+// admission skip the candidate (limits.Prefill: a cap binds when the scope
+// has prefill in flight and the request's estimate does not fit beside it).
+func (x *exchange) explainPrefill(ctx context.Context, tr *configv1.ExplainTrace, rows map[string]*configv1.ExplainDeployment, cands []candidate) {
+	for _, c := range cands {
+		row := rows[c.d.GetId()]
+		if row == nil { // a fallback group's deployment: not in the table
+			continue
+		}
+		row.MaxPrefillTokensInFlight = c.d.GetTraffic().GetMaxPrefillTokensInFlight()
+		if c.d.GetMaxConcurrency() <= 0 || x.h.cfg.Limiter == nil {
+			continue // no fleet-wide count: the engine takes no lease
+		}
+		hr, err := x.h.cfg.Limiter.Peek(ctx, limits.DeploymentOrg(c.d.GetId()),
+			[]limits.Scope{{Kind: limits.KindDeployment, ID: c.d.GetId(), MaxParallel: c.d.GetMaxConcurrency()}})
+		if err != nil {
+			continue
+		}
+		pt, est := hr[0].Prefill, x.prefillEstimate(c.d)
+		row.PrefillTokensInFlight, row.PrefillEstimate = &pt, est
+		if capTokens := prefillCap(c.d, x.classEnum); capTokens > 0 && pt > 0 && pt+est > capTokens {
+			row.PrefillCapped = true
+			tr.Notes = append(tr.Notes, fmt.Sprintf("deployment %s is skipped for its prefill cap: %d prefill tokens in flight + this request's %d > max_prefill_tokens_in_flight %d (the request tries another candidate or waits in the admission queue)",
+				c.d.GetId(), pt, est, capTokens))
+		}
+	}
 }
 
 // minus returns the deployments of a not in b.

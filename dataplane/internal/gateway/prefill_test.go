@@ -369,3 +369,59 @@ func TestInteractiveLeastPrefill(t *testing.T) {
 	}
 	t.Logf("%d of 12 chats were moved off the shuffle's first choice by prefill in flight", n)
 }
+
+// TestExplainShowsPrefillInFlight: explain shows each candidate's
+// fleet-wide prefill tokens in flight and its prefill cap, and says when
+// the cap would skip it (an agent request that does not fit beside the
+// prefill in flight); an interactive request is never capped.
+func TestExplainShowsPrefillInFlight(t *testing.T) {
+	le := newLimitsEnv(t)
+	up := startGated(t, "e1")
+	defer up.stop()
+	le.group("m")
+	le.deploy("d1", "m", up.url, func(d *configv1.Deployment) {
+		d.MaxConcurrency = 8
+		d.Traffic = &configv1.DeploymentTraffic{MaxPrefillTokensInFlight: 1000}
+	})
+	agent := le.key("agent", func(k *configv1.Key) { k.TrafficClass = classAgent })
+	le.key("inter", func(k *configv1.Key) { k.TrafficClass = classInteractive })
+	le.apply()
+	explain := func(key string) *configv1.ExplainDeployment {
+		t.Helper()
+		tr, err := le.h.Explain(context.Background(), ExplainScope{}, &configv1.ExplainQuery{KeyId: key, Model: "m", PromptBytes: 2000})
+		require.NoError(t, err)
+		require.Len(t, tr.GetDeployments(), 1)
+		d := tr.GetDeployments()[0]
+		require.EqualValues(t, 1000, d.GetMaxPrefillTokensInFlight())
+		require.NotNil(t, d.PrefillTokensInFlight, "the fleet-wide count was read")
+		require.Positive(t, d.GetPrefillEstimate())
+		capped := false
+		for _, n := range tr.GetNotes() {
+			capped = capped || strings.Contains(n, "deployment d1 is skipped for its prefill cap")
+		}
+		require.Equal(t, d.GetPrefillCapped(), capped, "a capped candidate is named in the notes: %v", tr.GetNotes())
+		return d
+	}
+	d := explain("agent")
+	require.Zero(t, d.GetPrefillTokensInFlight())
+	require.False(t, d.GetPrefillCapped(), "no prefill in flight: any request fits")
+
+	// A: an agent prompt of ~640 estimated tokens, in prefill.
+	aDone := postAsync(le.env, agent, longChat("m", 500, "a"))
+	a := up.next(t)
+	estA := le.prefillOf("d1")
+	require.Greater(t, estA, int64(500))
+	d = explain("agent")
+	require.Equal(t, estA, d.GetPrefillTokensInFlight())
+	require.Greater(t, estA+d.GetPrefillEstimate(), int64(1000))
+	require.True(t, d.GetPrefillCapped(), "A + this request exceed the cap")
+	d = explain("inter")
+	require.Equal(t, estA, d.GetPrefillTokensInFlight())
+	require.False(t, d.GetPrefillCapped(), "interactive requests are never held by the cap")
+
+	a.firstToken()
+	waitFor(t, "A's prefill moved to zero", func() bool { return le.prefillOf("d1") == 0 })
+	require.False(t, explain("agent").GetPrefillCapped())
+	a.finish()
+	require.Equal(t, http.StatusOK, awaitPosted(t, aDone).resp.StatusCode)
+}

@@ -30,6 +30,10 @@ type Headroom struct {
 	// window's spend when it is BudgetCurrent (zero otherwise).
 	BudgetState string
 	SpendMicros int64
+	// Prefill is the scope's prefill tokens in flight (Request.Prefill
+	// accounts them; a deployment's max_concurrency scope holds its
+	// fleet-wide count).
+	Prefill int64
 }
 
 // Peek reads the headroom of scopes of org without writing anything (one
@@ -70,13 +74,14 @@ func (l *Limiter) Peek(ctx context.Context, orgID string, scopes []Scope) ([]Hea
 	if err != nil {
 		return nil, err
 	}
-	if len(v) != 5*len(scopes) {
+	const perScope = 6
+	if len(v) != perScope*len(scopes) {
 		return nil, fmt.Errorf("limits peek: %d values for %d scopes", len(v), len(scopes))
 	}
 	out := make([]Headroom, len(scopes))
 	for i := range out {
-		w := v[5*i:]
-		out[i] = Headroom{Requests: w[0], Tokens: w[1], Leases: w[2], SpendMicros: w[4],
+		w := v[perScope*i:]
+		out[i] = Headroom{Requests: w[0], Tokens: w[1], Leases: w[2], SpendMicros: w[4], Prefill: w[5],
 			BudgetState: [...]string{BudgetNone, BudgetCurrent, BudgetNewWindow, BudgetNotHeld}[min(max(w[3], 0), 3)]}
 	}
 	return out, nil

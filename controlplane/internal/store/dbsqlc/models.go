@@ -352,6 +352,8 @@ type TrustedIssuer struct {
 	UnknownPolicy string
 	DefaultTeamID *string
 	CreatedAt     time.Time
+	ProjectClaim  string
+	TagsClaim     string
 }
 
 type User struct {

@@ -11,7 +11,7 @@ import (
 )
 
 const configTrustedIssuers = `-- name: ConfigTrustedIssuers :many
-SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at FROM trusted_issuers ORDER BY id
+SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at, project_claim, tags_claim FROM trusted_issuers ORDER BY id
 `
 
 func (q *Queries) ConfigTrustedIssuers(ctx context.Context, db DBTX) ([]TrustedIssuer, error) {
@@ -35,6 +35,8 @@ func (q *Queries) ConfigTrustedIssuers(ctx context.Context, db DBTX) ([]TrustedI
 			&i.UnknownPolicy,
 			&i.DefaultTeamID,
 			&i.CreatedAt,
+			&i.ProjectClaim,
+			&i.TagsClaim,
 		); err != nil {
 			return nil, err
 		}
@@ -56,7 +58,7 @@ func (q *Queries) TrustedIssuerDelete(ctx context.Context, db DBTX, id string) e
 }
 
 const trustedIssuerGet = `-- name: TrustedIssuerGet :one
-SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at FROM trusted_issuers
+SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at, project_claim, tags_claim FROM trusted_issuers
 WHERE id = $1 AND ($2::text IS NULL OR org_id = $2)
 `
 
@@ -80,12 +82,14 @@ func (q *Queries) TrustedIssuerGet(ctx context.Context, db DBTX, arg TrustedIssu
 		&i.UnknownPolicy,
 		&i.DefaultTeamID,
 		&i.CreatedAt,
+		&i.ProjectClaim,
+		&i.TagsClaim,
 	)
 	return i, err
 }
 
 const trustedIssuerGetForUpdate = `-- name: TrustedIssuerGetForUpdate :one
-SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at FROM trusted_issuers
+SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at, project_claim, tags_claim FROM trusted_issuers
 WHERE id = $1 AND ($2::text IS NULL OR org_id = $2)
 FOR UPDATE
 `
@@ -110,15 +114,17 @@ func (q *Queries) TrustedIssuerGetForUpdate(ctx context.Context, db DBTX, arg Tr
 		&i.UnknownPolicy,
 		&i.DefaultTeamID,
 		&i.CreatedAt,
+		&i.ProjectClaim,
+		&i.TagsClaim,
 	)
 	return i, err
 }
 
 const trustedIssuerInsert = `-- name: TrustedIssuerInsert :exec
 INSERT INTO trusted_issuers (id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim,
-    unknown_policy, default_team_id, created_at)
+    unknown_policy, default_team_id, created_at, project_claim, tags_claim)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
-    $9, $10, $11)
+    $9, $10, $11, $12, $13)
 `
 
 type TrustedIssuerInsertParams struct {
@@ -133,6 +139,8 @@ type TrustedIssuerInsertParams struct {
 	UnknownPolicy string
 	DefaultTeamID *string
 	CreatedAt     time.Time
+	ProjectClaim  string
+	TagsClaim     string
 }
 
 func (q *Queries) TrustedIssuerInsert(ctx context.Context, db DBTX, arg TrustedIssuerInsertParams) error {
@@ -148,12 +156,14 @@ func (q *Queries) TrustedIssuerInsert(ctx context.Context, db DBTX, arg TrustedI
 		arg.UnknownPolicy,
 		arg.DefaultTeamID,
 		arg.CreatedAt,
+		arg.ProjectClaim,
+		arg.TagsClaim,
 	)
 	return err
 }
 
 const trustedIssuerList = `-- name: TrustedIssuerList :many
-SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at FROM trusted_issuers
+SELECT id, org_id, issuer, audience, jwks_url, team_claim, user_claim, customer_claim, unknown_policy, default_team_id, created_at, project_claim, tags_claim FROM trusted_issuers
 WHERE id > $1
   AND ($2::text IS NULL OR org_id = $2)
 ORDER BY id
@@ -187,6 +197,8 @@ func (q *Queries) TrustedIssuerList(ctx context.Context, db DBTX, arg TrustedIss
 			&i.UnknownPolicy,
 			&i.DefaultTeamID,
 			&i.CreatedAt,
+			&i.ProjectClaim,
+			&i.TagsClaim,
 		); err != nil {
 			return nil, err
 		}

@@ -6,7 +6,8 @@
 -- Returns 5 integers per scope: requests in the rpm window, tokens in the
 -- tpm window, live leases, budget state (0 no budget, 1 current window,
 -- 2 a new window of intact state: zero, 3 no window in Redis: the ledger
--- seeds it), budget spend (micro-USD; 0 unless state 1).
+-- seeds it), budget spend (micro-USD; 0 unless state 1), then prefill
+-- tokens in flight (field 'pt', lua/common.lua "Prefill accounting").
 
 local now = now_ms()
 local window_ms = tonumber(ARGV[1])
@@ -19,7 +20,7 @@ local now_s = math.floor(now / 1000)
 local out = {}
 for i = 1, n do
   local raw = redis.call('HGETALL', KEYS[2 * i - 1])
-  local r, k, bw, bs = 0, 0, nil, 0
+  local r, k, bw, bs, pt = 0, 0, nil, 0, 0
   for j = 1, #raw, 2 do
     local f, v = raw[j], raw[j + 1]
     local p = string.sub(f, 1, 1)
@@ -30,6 +31,8 @@ for i = 1, n do
       bw = v
     elseif f == 'bs' then
       bs = tonumber(v) or 0
+    elseif f == 'pt' then
+      pt = tonumber(v) or 0
     end
   end
   local live = redis.call('ZCOUNT', KEYS[2 * i], '(' .. now, '+inf')
@@ -51,5 +54,6 @@ for i = 1, n do
   out[#out + 1] = live
   out[#out + 1] = state
   out[#out + 1] = spend
+  out[#out + 1] = pt
 end
 return out

@@ -101,6 +101,13 @@ type TrustedIssuer struct {
 	// team_claim; a team of the same org.
 	DefaultTeamId string                 `protobuf:"bytes,10,opt,name=default_team_id,json=defaultTeamId,proto3" json:"default_team_id,omitempty"`
 	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// Claim naming the project of the token's requests (a string or number:
+	// what a key's project may be); "": none. Project scopes limit it.
+	ProjectClaim string `protobuf:"bytes,470,opt,name=project_claim,json=projectClaim,proto3" json:"project_claim,omitempty"`
+	// Claim naming the tags of the token's requests: an array of strings (or
+	// one string), each what a key's tag may be; "": none. Tag scopes limit
+	// them, and they pick the deployments' tag pool like a key's tags.
+	TagsClaim     string `protobuf:"bytes,471,opt,name=tags_claim,json=tagsClaim,proto3" json:"tags_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -212,6 +219,20 @@ func (x *TrustedIssuer) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *TrustedIssuer) GetProjectClaim() string {
+	if x != nil {
+		return x.ProjectClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetTagsClaim() string {
+	if x != nil {
+		return x.TagsClaim
+	}
+	return ""
+}
+
 type CreateTrustedIssuerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Required with a platform token; defaults to the token's org otherwise.
@@ -224,6 +245,8 @@ type CreateTrustedIssuerRequest struct {
 	CustomerClaim string                `protobuf:"bytes,7,opt,name=customer_claim,json=customerClaim,proto3" json:"customer_claim,omitempty"`
 	UnknownPolicy UnknownIdentityPolicy `protobuf:"varint,8,opt,name=unknown_policy,json=unknownPolicy,proto3,enum=sluice.admin.v1.UnknownIdentityPolicy" json:"unknown_policy,omitempty"`
 	DefaultTeamId string                `protobuf:"bytes,9,opt,name=default_team_id,json=defaultTeamId,proto3" json:"default_team_id,omitempty"`
+	ProjectClaim  string                `protobuf:"bytes,470,opt,name=project_claim,json=projectClaim,proto3" json:"project_claim,omitempty"`
+	TagsClaim     string                `protobuf:"bytes,471,opt,name=tags_claim,json=tagsClaim,proto3" json:"tags_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -317,6 +340,20 @@ func (x *CreateTrustedIssuerRequest) GetUnknownPolicy() UnknownIdentityPolicy {
 func (x *CreateTrustedIssuerRequest) GetDefaultTeamId() string {
 	if x != nil {
 		return x.DefaultTeamId
+	}
+	return ""
+}
+
+func (x *CreateTrustedIssuerRequest) GetProjectClaim() string {
+	if x != nil {
+		return x.ProjectClaim
+	}
+	return ""
+}
+
+func (x *CreateTrustedIssuerRequest) GetTagsClaim() string {
+	if x != nil {
+		return x.TagsClaim
 	}
 	return ""
 }
@@ -649,7 +686,7 @@ var File_sluice_admin_v1_issuer_proto protoreflect.FileDescriptor
 
 const file_sluice_admin_v1_issuer_proto_rawDesc = "" +
 	"\n" +
-	"\x1csluice/admin/v1/issuer.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x03\n" +
+	"\x1csluice/admin/v1/issuer.proto\x12\x0fsluice.admin.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x03\n" +
 	"\rTrustedIssuer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x16\n" +
@@ -665,7 +702,10 @@ const file_sluice_admin_v1_issuer_proto_rawDesc = "" +
 	"\x0fdefault_team_id\x18\n" +
 	" \x01(\tR\rdefaultTeamId\x12;\n" +
 	"\vcreate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\xde\x02\n" +
+	"createTime\x12$\n" +
+	"\rproject_claim\x18\xd6\x03 \x01(\tR\fprojectClaim\x12\x1e\n" +
+	"\n" +
+	"tags_claim\x18\xd7\x03 \x01(\tR\ttagsClaim\"\xa4\x03\n" +
 	"\x1aCreateTrustedIssuerRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x16\n" +
 	"\x06issuer\x18\x02 \x01(\tR\x06issuer\x12\x1a\n" +
@@ -677,7 +717,10 @@ const file_sluice_admin_v1_issuer_proto_rawDesc = "" +
 	"user_claim\x18\x06 \x01(\tR\tuserClaim\x12%\n" +
 	"\x0ecustomer_claim\x18\a \x01(\tR\rcustomerClaim\x12M\n" +
 	"\x0eunknown_policy\x18\b \x01(\x0e2&.sluice.admin.v1.UnknownIdentityPolicyR\runknownPolicy\x12&\n" +
-	"\x0fdefault_team_id\x18\t \x01(\tR\rdefaultTeamId\"U\n" +
+	"\x0fdefault_team_id\x18\t \x01(\tR\rdefaultTeamId\x12$\n" +
+	"\rproject_claim\x18\xd6\x03 \x01(\tR\fprojectClaim\x12\x1e\n" +
+	"\n" +
+	"tags_claim\x18\xd7\x03 \x01(\tR\ttagsClaim\"U\n" +
 	"\x1bCreateTrustedIssuerResponse\x126\n" +
 	"\x06issuer\x18\x01 \x01(\v2\x1e.sluice.admin.v1.TrustedIssuerR\x06issuer\")\n" +
 	"\x17GetTrustedIssuerRequest\x12\x0e\n" +

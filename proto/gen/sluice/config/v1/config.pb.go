@@ -265,7 +265,10 @@ type Org struct {
 	// How the org's requests are classed (SPEC §1, §7 step 3); absent: every
 	// request without a credential class is interactive, no rules, no
 	// demotion.
-	Traffic       *OrgTraffic `protobuf:"bytes,4,opt,name=traffic,proto3" json:"traffic,omitempty"`
+	Traffic *OrgTraffic `protobuf:"bytes,4,opt,name=traffic,proto3" json:"traffic,omitempty"`
+	// When the org was created. A data plane's first snapshot bootstraps the
+	// limits epochs of orgs created shortly before (docs/limits.md).
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,470,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -324,6 +327,13 @@ func (x *Org) GetBlocked() bool {
 func (x *Org) GetTraffic() *OrgTraffic {
 	if x != nil {
 		return x.Traffic
+	}
+	return nil
+}
+
+func (x *Org) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
 	}
 	return nil
 }
@@ -1616,6 +1626,11 @@ type TrustedIssuer struct {
 	CustomerClaim string                `protobuf:"bytes,8,opt,name=customer_claim,json=customerClaim,proto3" json:"customer_claim,omitempty"`
 	UnknownPolicy UnknownIdentityPolicy `protobuf:"varint,9,opt,name=unknown_policy,json=unknownPolicy,proto3,enum=sluice.config.v1.UnknownIdentityPolicy" json:"unknown_policy,omitempty"`
 	DefaultTeamId string                `protobuf:"bytes,10,opt,name=default_team_id,json=defaultTeamId,proto3" json:"default_team_id,omitempty"`
+	// Dot paths of the claims naming the project and the tags of a token's
+	// requests (as a key's project and tags: project and tag scopes limit
+	// them, docs/tenancy.md); "": none.
+	ProjectClaim  string `protobuf:"bytes,470,opt,name=project_claim,json=projectClaim,proto3" json:"project_claim,omitempty"`
+	TagsClaim     string `protobuf:"bytes,471,opt,name=tags_claim,json=tagsClaim,proto3" json:"tags_claim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1716,6 +1731,20 @@ func (x *TrustedIssuer) GetUnknownPolicy() UnknownIdentityPolicy {
 func (x *TrustedIssuer) GetDefaultTeamId() string {
 	if x != nil {
 		return x.DefaultTeamId
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetProjectClaim() string {
+	if x != nil {
+		return x.ProjectClaim
+	}
+	return ""
+}
+
+func (x *TrustedIssuer) GetTagsClaim() string {
+	if x != nil {
+		return x.TagsClaim
 	}
 	return ""
 }
@@ -2270,8 +2299,12 @@ type Deployment struct {
 	Prices               *Prices            `protobuf:"bytes,10,opt,name=prices,proto3" json:"prices,omitempty"`
 	Free                 bool               `protobuf:"varint,11,opt,name=free,proto3" json:"free,omitempty"`
 	Traffic              *DeploymentTraffic `protobuf:"bytes,12,opt,name=traffic,proto3" json:"traffic,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// When the deployment was created. A data plane's first snapshot
+	// bootstraps the limits epochs of deployments created shortly before
+	// (docs/limits.md).
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,470,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -2384,6 +2417,13 @@ func (x *Deployment) GetFree() bool {
 func (x *Deployment) GetTraffic() *DeploymentTraffic {
 	if x != nil {
 		return x.Traffic
+	}
+	return nil
+}
+
+func (x *Deployment) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
 	}
 	return nil
 }
@@ -3614,12 +3654,14 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"_rpm_limitB\f\n" +
 	"\n" +
 	"_tpm_limitB\x18\n" +
-	"\x16_max_parallel_requests\"\x99\x01\n" +
+	"\x16_max_parallel_requests\"\xd5\x01\n" +
 	"\x03Org\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x120\n" +
 	"\x06limits\x18\x02 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\x12\x18\n" +
 	"\ablocked\x18\x03 \x01(\bR\ablocked\x126\n" +
-	"\atraffic\x18\x04 \x01(\v2\x1c.sluice.config.v1.OrgTrafficR\atraffic\"\xc5\x01\n" +
+	"\atraffic\x18\x04 \x01(\v2\x1c.sluice.config.v1.OrgTrafficR\atraffic\x12:\n" +
+	"\n" +
+	"created_at\x18\xd6\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\xc5\x01\n" +
 	"\n" +
 	"OrgTraffic\x12C\n" +
 	"\rdefault_class\x18\x01 \x01(\x0e2\x1e.sluice.config.v1.TrafficClassR\fdefaultClass\x12:\n" +
@@ -3747,7 +3789,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x120\n" +
-	"\x06limits\x18\x05 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\"\xe2\x02\n" +
+	"\x06limits\x18\x05 \x01(\v2\x18.sluice.config.v1.LimitsR\x06limits\"\xa8\x03\n" +
 	"\rTrustedIssuer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x12\x16\n" +
@@ -3761,7 +3803,10 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x0ecustomer_claim\x18\b \x01(\tR\rcustomerClaim\x12N\n" +
 	"\x0eunknown_policy\x18\t \x01(\x0e2'.sluice.config.v1.UnknownIdentityPolicyR\runknownPolicy\x12&\n" +
 	"\x0fdefault_team_id\x18\n" +
-	" \x01(\tR\rdefaultTeamId\"\xa5\x01\n" +
+	" \x01(\tR\rdefaultTeamId\x12$\n" +
+	"\rproject_claim\x18\xd6\x03 \x01(\tR\fprojectClaim\x12\x1e\n" +
+	"\n" +
+	"tags_claim\x18\xd7\x03 \x01(\tR\ttagsClaim\"\xa5\x01\n" +
 	"\n" +
 	"BudgetSeed\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\x12\x12\n" +
@@ -3804,7 +3849,7 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x06Prices\x12&\n" +
 	"\x0finput_per_token\x18\x01 \x01(\x01R\rinputPerToken\x12(\n" +
 	"\x10output_per_token\x18\x02 \x01(\x01R\x0eoutputPerToken\x123\n" +
-	"\x16cached_input_per_token\x18\x03 \x01(\x01R\x13cachedInputPerToken\"\xd2\x03\n" +
+	"\x16cached_input_per_token\x18\x03 \x01(\x01R\x13cachedInputPerToken\"\x8e\x04\n" +
 	"\n" +
 	"Deployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
@@ -3820,7 +3865,9 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x06prices\x18\n" +
 	" \x01(\v2\x18.sluice.config.v1.PricesR\x06prices\x12\x12\n" +
 	"\x04free\x18\v \x01(\bR\x04free\x12=\n" +
-	"\atraffic\x18\f \x01(\v2#.sluice.config.v1.DeploymentTrafficR\atraffic\"=\n" +
+	"\atraffic\x18\f \x01(\v2#.sluice.config.v1.DeploymentTrafficR\atraffic\x12:\n" +
+	"\n" +
+	"created_at\x18\xd6\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"=\n" +
 	"\tMemberRef\x12\x17\n" +
 	"\ateam_id\x18\x01 \x01(\tR\x06teamId\x12\x17\n" +
 	"\auser_id\x18\x02 \x01(\tR\x06userId\"X\n" +
@@ -3999,77 +4046,79 @@ var file_sluice_config_v1_config_proto_depIdxs = []int32{
 	41, // 2: sluice.config.v1.Limits.model_tpm_limit:type_name -> sluice.config.v1.Limits.ModelTpmLimitEntry
 	2,  // 3: sluice.config.v1.Org.limits:type_name -> sluice.config.v1.Limits
 	4,  // 4: sluice.config.v1.Org.traffic:type_name -> sluice.config.v1.OrgTraffic
-	0,  // 5: sluice.config.v1.OrgTraffic.default_class:type_name -> sluice.config.v1.TrafficClass
-	5,  // 6: sluice.config.v1.OrgTraffic.rules:type_name -> sluice.config.v1.ClassificationRule
-	6,  // 7: sluice.config.v1.OrgTraffic.demotion:type_name -> sluice.config.v1.Demotion
-	0,  // 8: sluice.config.v1.ClassificationRule.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	0,  // 9: sluice.config.v1.ClassQueue.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	8,  // 10: sluice.config.v1.DeploymentTraffic.class_priority:type_name -> sluice.config.v1.ClassPriorities
-	7,  // 11: sluice.config.v1.DeploymentTraffic.queues:type_name -> sluice.config.v1.ClassQueue
-	7,  // 12: sluice.config.v1.ModelGroupTraffic.queues:type_name -> sluice.config.v1.ClassQueue
-	2,  // 13: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
-	0,  // 14: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	42, // 15: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
-	43, // 16: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
-	2,  // 17: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
-	2,  // 18: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
-	2,  // 19: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
-	46, // 20: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
-	46, // 21: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
-	0,  // 22: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
-	44, // 23: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
-	2,  // 24: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
-	15, // 25: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
-	45, // 26: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
-	46, // 27: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
-	3,  // 28: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
-	11, // 29: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
-	12, // 30: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
-	13, // 31: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
-	14, // 32: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
-	16, // 33: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
-	21, // 34: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
-	27, // 35: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
-	19, // 36: sluice.config.v1.Snapshot.trusted_issuers:type_name -> sluice.config.v1.TrustedIssuer
-	18, // 37: sluice.config.v1.Snapshot.label_scopes:type_name -> sluice.config.v1.LabelScope
-	2,  // 38: sluice.config.v1.LabelScope.limits:type_name -> sluice.config.v1.Limits
-	1,  // 39: sluice.config.v1.TrustedIssuer.unknown_policy:type_name -> sluice.config.v1.UnknownIdentityPolicy
-	10, // 40: sluice.config.v1.ModelGroup.traffic:type_name -> sluice.config.v1.ModelGroupTraffic
-	22, // 41: sluice.config.v1.ModelGroup.routing:type_name -> sluice.config.v1.ModelGroupRouting
-	24, // 42: sluice.config.v1.ModelGroup.resilience:type_name -> sluice.config.v1.ModelGroupResilience
-	25, // 43: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
-	26, // 44: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
-	9,  // 45: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
-	46, // 46: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
-	3,  // 47: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
-	11, // 48: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
-	12, // 49: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
-	13, // 50: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
-	28, // 51: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
-	14, // 52: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
-	16, // 53: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
-	29, // 54: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
-	21, // 55: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
-	27, // 56: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
-	19, // 57: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
-	18, // 58: sluice.config.v1.Event.label_scope:type_name -> sluice.config.v1.LabelScope
-	30, // 59: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
-	46, // 60: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
-	46, // 61: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
-	46, // 62: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
-	34, // 63: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
-	38, // 64: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
-	37, // 65: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
-	36, // 66: sluice.config.v1.Heartbeat.admission_backlog:type_name -> sluice.config.v1.AdmissionBacklog
-	46, // 67: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
-	46, // 68: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
-	23, // 69: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	23, // 70: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
-	71, // [71:71] is the sub-list for method output_type
-	71, // [71:71] is the sub-list for method input_type
-	71, // [71:71] is the sub-list for extension type_name
-	71, // [71:71] is the sub-list for extension extendee
-	0,  // [0:71] is the sub-list for field type_name
+	46, // 5: sluice.config.v1.Org.created_at:type_name -> google.protobuf.Timestamp
+	0,  // 6: sluice.config.v1.OrgTraffic.default_class:type_name -> sluice.config.v1.TrafficClass
+	5,  // 7: sluice.config.v1.OrgTraffic.rules:type_name -> sluice.config.v1.ClassificationRule
+	6,  // 8: sluice.config.v1.OrgTraffic.demotion:type_name -> sluice.config.v1.Demotion
+	0,  // 9: sluice.config.v1.ClassificationRule.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	0,  // 10: sluice.config.v1.ClassQueue.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	8,  // 11: sluice.config.v1.DeploymentTraffic.class_priority:type_name -> sluice.config.v1.ClassPriorities
+	7,  // 12: sluice.config.v1.DeploymentTraffic.queues:type_name -> sluice.config.v1.ClassQueue
+	7,  // 13: sluice.config.v1.ModelGroupTraffic.queues:type_name -> sluice.config.v1.ClassQueue
+	2,  // 14: sluice.config.v1.Team.limits:type_name -> sluice.config.v1.Limits
+	0,  // 15: sluice.config.v1.Team.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	42, // 16: sluice.config.v1.Team.model_group_aliases:type_name -> sluice.config.v1.Team.ModelGroupAliasesEntry
+	43, // 17: sluice.config.v1.Team.fallbacks:type_name -> sluice.config.v1.Team.FallbacksEntry
+	2,  // 18: sluice.config.v1.User.limits:type_name -> sluice.config.v1.Limits
+	2,  // 19: sluice.config.v1.Member.limits:type_name -> sluice.config.v1.Limits
+	2,  // 20: sluice.config.v1.Customer.limits:type_name -> sluice.config.v1.Limits
+	46, // 21: sluice.config.v1.OldHash.valid_until:type_name -> google.protobuf.Timestamp
+	46, // 22: sluice.config.v1.Key.expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 23: sluice.config.v1.Key.traffic_class:type_name -> sluice.config.v1.TrafficClass
+	44, // 24: sluice.config.v1.Key.model_group_aliases:type_name -> sluice.config.v1.Key.ModelGroupAliasesEntry
+	2,  // 25: sluice.config.v1.Key.limits:type_name -> sluice.config.v1.Limits
+	15, // 26: sluice.config.v1.Key.old_hashes:type_name -> sluice.config.v1.OldHash
+	45, // 27: sluice.config.v1.Key.fallbacks:type_name -> sluice.config.v1.Key.FallbacksEntry
+	46, // 28: sluice.config.v1.Snapshot.created_at:type_name -> google.protobuf.Timestamp
+	3,  // 29: sluice.config.v1.Snapshot.orgs:type_name -> sluice.config.v1.Org
+	11, // 30: sluice.config.v1.Snapshot.teams:type_name -> sluice.config.v1.Team
+	12, // 31: sluice.config.v1.Snapshot.users:type_name -> sluice.config.v1.User
+	13, // 32: sluice.config.v1.Snapshot.members:type_name -> sluice.config.v1.Member
+	14, // 33: sluice.config.v1.Snapshot.customers:type_name -> sluice.config.v1.Customer
+	16, // 34: sluice.config.v1.Snapshot.keys:type_name -> sluice.config.v1.Key
+	21, // 35: sluice.config.v1.Snapshot.model_groups:type_name -> sluice.config.v1.ModelGroup
+	27, // 36: sluice.config.v1.Snapshot.deployments:type_name -> sluice.config.v1.Deployment
+	19, // 37: sluice.config.v1.Snapshot.trusted_issuers:type_name -> sluice.config.v1.TrustedIssuer
+	18, // 38: sluice.config.v1.Snapshot.label_scopes:type_name -> sluice.config.v1.LabelScope
+	2,  // 39: sluice.config.v1.LabelScope.limits:type_name -> sluice.config.v1.Limits
+	1,  // 40: sluice.config.v1.TrustedIssuer.unknown_policy:type_name -> sluice.config.v1.UnknownIdentityPolicy
+	10, // 41: sluice.config.v1.ModelGroup.traffic:type_name -> sluice.config.v1.ModelGroupTraffic
+	22, // 42: sluice.config.v1.ModelGroup.routing:type_name -> sluice.config.v1.ModelGroupRouting
+	24, // 43: sluice.config.v1.ModelGroup.resilience:type_name -> sluice.config.v1.ModelGroupResilience
+	25, // 44: sluice.config.v1.Deployment.capabilities:type_name -> sluice.config.v1.Capabilities
+	26, // 45: sluice.config.v1.Deployment.prices:type_name -> sluice.config.v1.Prices
+	9,  // 46: sluice.config.v1.Deployment.traffic:type_name -> sluice.config.v1.DeploymentTraffic
+	46, // 47: sluice.config.v1.Deployment.created_at:type_name -> google.protobuf.Timestamp
+	46, // 48: sluice.config.v1.Event.at:type_name -> google.protobuf.Timestamp
+	3,  // 49: sluice.config.v1.Event.org:type_name -> sluice.config.v1.Org
+	11, // 50: sluice.config.v1.Event.team:type_name -> sluice.config.v1.Team
+	12, // 51: sluice.config.v1.Event.user:type_name -> sluice.config.v1.User
+	13, // 52: sluice.config.v1.Event.member:type_name -> sluice.config.v1.Member
+	28, // 53: sluice.config.v1.Event.member_deleted:type_name -> sluice.config.v1.MemberRef
+	14, // 54: sluice.config.v1.Event.customer:type_name -> sluice.config.v1.Customer
+	16, // 55: sluice.config.v1.Event.key:type_name -> sluice.config.v1.Key
+	29, // 56: sluice.config.v1.Event.block:type_name -> sluice.config.v1.BlockChange
+	21, // 57: sluice.config.v1.Event.model_group:type_name -> sluice.config.v1.ModelGroup
+	27, // 58: sluice.config.v1.Event.deployment:type_name -> sluice.config.v1.Deployment
+	19, // 59: sluice.config.v1.Event.trusted_issuer:type_name -> sluice.config.v1.TrustedIssuer
+	18, // 60: sluice.config.v1.Event.label_scope:type_name -> sluice.config.v1.LabelScope
+	30, // 61: sluice.config.v1.RegionEvent.event:type_name -> sluice.config.v1.Event
+	46, // 62: sluice.config.v1.Tick.at:type_name -> google.protobuf.Timestamp
+	46, // 63: sluice.config.v1.RejectedSnapshot.at:type_name -> google.protobuf.Timestamp
+	46, // 64: sluice.config.v1.Heartbeat.at:type_name -> google.protobuf.Timestamp
+	34, // 65: sluice.config.v1.Heartbeat.rejected:type_name -> sluice.config.v1.RejectedSnapshot
+	38, // 66: sluice.config.v1.Heartbeat.rejecting:type_name -> sluice.config.v1.Rejecting
+	37, // 67: sluice.config.v1.Heartbeat.ejected:type_name -> sluice.config.v1.EjectedDeployment
+	36, // 68: sluice.config.v1.Heartbeat.admission_backlog:type_name -> sluice.config.v1.AdmissionBacklog
+	46, // 69: sluice.config.v1.EjectedDeployment.until:type_name -> google.protobuf.Timestamp
+	46, // 70: sluice.config.v1.Rejecting.since:type_name -> google.protobuf.Timestamp
+	23, // 71: sluice.config.v1.Team.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	23, // 72: sluice.config.v1.Key.FallbacksEntry.value:type_name -> sluice.config.v1.ModelGroupFallbacks
+	73, // [73:73] is the sub-list for method output_type
+	73, // [73:73] is the sub-list for method input_type
+	73, // [73:73] is the sub-list for extension type_name
+	73, // [73:73] is the sub-list for extension extendee
+	0,  // [0:73] is the sub-list for field type_name
 }
 
 func init() { file_sluice_config_v1_config_proto_init() }

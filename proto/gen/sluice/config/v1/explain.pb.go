@@ -858,10 +858,24 @@ type ExplainDeployment struct {
 	Candidate bool `protobuf:"varint,5,opt,name=candidate,proto3" json:"candidate,omitempty"`
 	// The stage that removed it ("allowed_models", "protocol",
 	// "capabilities", "credential", "tag_pool", "health") and why.
-	FilteredBy    string `protobuf:"bytes,6,opt,name=filtered_by,json=filteredBy,proto3" json:"filtered_by,omitempty"`
-	Reason        string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	FilteredBy string `protobuf:"bytes,6,opt,name=filtered_by,json=filteredBy,proto3" json:"filtered_by,omitempty"`
+	Reason     string `protobuf:"bytes,7,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The deployment's fleet-wide prefill tokens in flight (every proxy's
+	// admitted requests without a first token yet), read from Redis; unset
+	// when there is no fleet-wide count (no max_concurrency, not a
+	// candidate) or Redis did not answer.
+	PrefillTokensInFlight *int64 `protobuf:"varint,470,opt,name=prefill_tokens_in_flight,json=prefillTokensInFlight,proto3,oneof" json:"prefill_tokens_in_flight,omitempty"`
+	// The deployment's traffic.max_prefill_tokens_in_flight (0: none).
+	MaxPrefillTokensInFlight int64 `protobuf:"varint,471,opt,name=max_prefill_tokens_in_flight,json=maxPrefillTokensInFlight,proto3" json:"max_prefill_tokens_in_flight,omitempty"`
+	// Set when the cap binds this request (agent and batch classes) and its
+	// prefill estimate does not fit: admission would skip the candidate
+	// (the request waits in the admission queue or tries another one).
+	PrefillCapped bool `protobuf:"varint,472,opt,name=prefill_capped,json=prefillCapped,proto3" json:"prefill_capped,omitempty"`
+	// This request's prefill estimate on the deployment (uncached prompt
+	// tokens), for candidates with a fleet-wide count.
+	PrefillEstimate int64 `protobuf:"varint,473,opt,name=prefill_estimate,json=prefillEstimate,proto3" json:"prefill_estimate,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ExplainDeployment) Reset() {
@@ -941,6 +955,34 @@ func (x *ExplainDeployment) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *ExplainDeployment) GetPrefillTokensInFlight() int64 {
+	if x != nil && x.PrefillTokensInFlight != nil {
+		return *x.PrefillTokensInFlight
+	}
+	return 0
+}
+
+func (x *ExplainDeployment) GetMaxPrefillTokensInFlight() int64 {
+	if x != nil {
+		return x.MaxPrefillTokensInFlight
+	}
+	return 0
+}
+
+func (x *ExplainDeployment) GetPrefillCapped() bool {
+	if x != nil {
+		return x.PrefillCapped
+	}
+	return false
+}
+
+func (x *ExplainDeployment) GetPrefillEstimate() int64 {
+	if x != nil {
+		return x.PrefillEstimate
+	}
+	return 0
 }
 
 type ExplainScope struct {
@@ -1261,7 +1303,7 @@ const file_sluice_config_v1_explain_proto_rawDesc = "" +
 	"\trequested\x18\x01 \x01(\tR\trequested\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12!\n" +
 	"\falias_source\x18\x03 \x01(\tR\valiasSource\x12!\n" +
-	"\fgroup_exists\x18\x04 \x01(\bR\vgroupExists\"\xcd\x01\n" +
+	"\fgroup_exists\x18\x04 \x01(\bR\vgroupExists\"\xbe\x03\n" +
 	"\x11ExplainDeployment\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
 	"\x0eupstream_model\x18\x02 \x01(\tR\rupstreamModel\x12\x16\n" +
@@ -1270,7 +1312,12 @@ const file_sluice_config_v1_explain_proto_rawDesc = "" +
 	"\tcandidate\x18\x05 \x01(\bR\tcandidate\x12\x1f\n" +
 	"\vfiltered_by\x18\x06 \x01(\tR\n" +
 	"filteredBy\x12\x16\n" +
-	"\x06reason\x18\a \x01(\tR\x06reason\"\xc6\x03\n" +
+	"\x06reason\x18\a \x01(\tR\x06reason\x12=\n" +
+	"\x18prefill_tokens_in_flight\x18\xd6\x03 \x01(\x03H\x00R\x15prefillTokensInFlight\x88\x01\x01\x12?\n" +
+	"\x1cmax_prefill_tokens_in_flight\x18\xd7\x03 \x01(\x03R\x18maxPrefillTokensInFlight\x12&\n" +
+	"\x0eprefill_capped\x18\xd8\x03 \x01(\bR\rprefillCapped\x12*\n" +
+	"\x10prefill_estimate\x18\xd9\x03 \x01(\x03R\x0fprefillEstimateB\x1b\n" +
+	"\x19_prefill_tokens_in_flight\"\xc6\x03\n" +
 	"\fExplainScope\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x1b\n" +
@@ -1348,6 +1395,7 @@ func file_sluice_config_v1_explain_proto_init() {
 	if File_sluice_config_v1_explain_proto != nil {
 		return
 	}
+	file_sluice_config_v1_explain_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

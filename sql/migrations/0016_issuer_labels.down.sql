@@ -1,0 +1,1 @@
+ALTER TABLE trusted_issuers DROP COLUMN project_claim, DROP COLUMN tags_claim;
