@@ -17,6 +17,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -396,6 +397,23 @@ func BenchmarkHumansAgents(b *testing.B) {
 	b.StopTimer()
 	isoPreemptions := preempted() - pre0
 	quiet()
+	// The gates' decisions over the phase, summed over the proxies.
+	gate := map[string]float64{}
+	for _, px := range proxies {
+		resp, err := http.Get(px.URL + "/metrics")
+		require.NoError(b, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(b, err)
+		for _, line := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(line, "sluice_proxy_prefill_gate_total{") {
+				continue
+			}
+			labels, val, _ := strings.Cut(strings.TrimPrefix(line, "sluice_proxy_prefill_gate_total"), " ")
+			v, _ := strconv.ParseFloat(val, 64)
+			gate[labels] += v
+		}
+	}
 
 	p := func(d []time.Duration, q float64) time.Duration {
 		return harness.Percentile(d, q).Round(time.Millisecond)
@@ -428,6 +446,7 @@ func BenchmarkHumansAgents(b *testing.B) {
 	b.Logf("chat TTFT classes + prefill isolation %d: p50 %s (%.2fx idle) p99 %s (%.2fx idle) (n=%d, refused or failed %v; engine preemptions in the phase %d)", haIsolation,
 		p(isolated.ttfts, 50), ratio(p(isolated.ttfts, 50), idle50), p(isolated.ttfts, 99), ratio(p(isolated.ttfts, 99), idle99), len(isolated.ttfts), isolated.chatFailed, isoPreemptions)
 	b.Logf("chat TTFT classes + prefill isolation, slowest: %v", slowest(isolated.ttfts, 5))
+	b.Logf("prefill isolation gate decisions (all proxies): %v", gate)
 	b.Logf("agent output tokens/s: alone %.0f, with classes %.0f (%.1f%% of alone), classes disabled %.0f (%.1f%% of alone), classes + prefill cap %.0f (%.1f%% of alone), classes + prefill isolation %.0f (%.1f%% of alone); agent errors %d/%d/%d/%d/%d",
 		alone.agentTokensPerSec, on.agentTokensPerSec, 100*on.agentTokensPerSec/alone.agentTokensPerSec,
 		off.agentTokensPerSec, 100*off.agentTokensPerSec/alone.agentTokensPerSec,
