@@ -302,6 +302,11 @@ func TestPrefillCapQueues(t *testing.T) {
 	h.firstToken()
 	h.finish()
 	require.Equal(t, http.StatusOK, awaitPosted(t, hold).resp.StatusCode)
+
+	// A group without prefill isolation never calls a gate.
+	gates, err := le.rdb.Keys(context.Background(), le.prefix+"{g:*").Result()
+	require.NoError(t, err)
+	require.Empty(t, gates)
 }
 
 // TestInteractiveLeastPrefill: an interactive request (group without a
