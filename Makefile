@@ -116,7 +116,8 @@ bench-limits: services
 
 ## bench-humans-agents: people and coding agents on one shared pool (docs/traffic.md, "Measured"): 2 vllm-sim
 ## engines (max_num_seqs 8, max_num_batched_tokens 8192), 3 proxies, 12 agent loops and a chat probe every 0.5 s;
-## chat TTFT idle / with classes / classes disabled, agent tokens/s against agents alone, the fleet-wide agent cap.
+## chat TTFT idle / with classes / classes disabled / classes + prefill cap / classes + prefill isolation,
+## agent tokens/s against agents alone, the fleet-wide agent cap.
 ## Scaled by SLUICE_BENCH_AGENTS, SLUICE_BENCH_WARMUP, SLUICE_BENCH_WINDOW, SLUICE_BENCH_IDLE.
 bench-humans-agents: services
 	$(GO) test -run '^$$' -bench '^BenchmarkHumansAgents$$' -benchtime 1x -timeout 20m -v ./e2e/system/

@@ -45,6 +45,9 @@ type liveState struct {
 	// depTraffic are the traffic settings of the live deployments a
 	// document sets traffic for, by deployment id.
 	depTraffic map[string]*adminv1.DeploymentTraffic
+	// groupTraffic are the traffic settings of the live model groups a
+	// document sets traffic for, by name.
+	groupTraffic map[string]*adminv1.ModelGroupTraffic
 	// members, customers, keys and org traffic (apply_tenants.go)
 	tenantState
 	// out is where a created key's token is printed (once).
@@ -229,6 +232,17 @@ func loadState(ctx context.Context, cl *clients, set *docSet) (*liveState, error
 					withTraffic[g.Name+" "+g.Deployments[i].identity()] = true
 				}
 			}
+		}
+		st.groupTraffic = map[string]*adminv1.ModelGroupTraffic{}
+		for _, g := range set.groups {
+			if g.Traffic == nil || st.groups[g.Name] == nil {
+				continue
+			}
+			r, err := call(ctx, cl.traffic.GetModelGroupTraffic, &adminv1.GetModelGroupTrafficRequest{ModelGroup: g.Name})
+			if err != nil {
+				return nil, fmt.Errorf("get traffic settings of model group %s: %w", g.Name, err)
+			}
+			st.groupTraffic[g.Name] = r.GetTraffic()
 		}
 		st.depTraffic = map[string]*adminv1.DeploymentTraffic{}
 		for _, d := range deps {
@@ -645,6 +659,27 @@ func planModelGroup(st *liveState, g *modelGroupDoc, declared map[string]bool, p
 		}})
 	}
 	out = append(out, traffic...)
+	// The group's traffic settings after its deployments (their number
+	// bounds prefill_isolation).
+	wantGT, err := g.trafficProto()
+	if err != nil {
+		return nil, fmt.Errorf("ModelGroup %s: %w", g.Name, err)
+	}
+	if wantGT != nil {
+		curGT := st.groupTraffic[g.Name]
+		if curGT == nil {
+			curGT = &adminv1.ModelGroupTraffic{}
+		}
+		ja, _ := compareJSON.Marshal(curGT)
+		jb, _ := compareJSON.Marshal(wantGT)
+		if string(ja) != string(jb) {
+			out = append(out, change{"update", "ModelGroupTraffic " + g.Name, rowDiff(curGT.ProtoReflect(), wantGT.ProtoReflect()),
+				func(ctx context.Context, st *liveState) error {
+					_, err := call(ctx, st.cl.traffic.SetModelGroupTraffic, &adminv1.SetModelGroupTrafficRequest{ModelGroup: g.Name, Traffic: wantGT})
+					return err
+				}})
+		}
+	}
 	if prune {
 		var gone []*adminv1.Deployment
 		for id, d := range live {

@@ -385,3 +385,40 @@ deployments:
 	require.Equal(t, []string{"~ DeploymentTraffic shared http://vllm-a:8000/v1 (m)"}, planLines(r.stdout))
 	require.Equal(t, y, root.ok("get", "model-group", "shared", "-o", "yaml"))
 }
+
+// TestApplyModelGroupTraffic: a group's traffic settings (prefill
+// isolation) are applied after its deployments, so a new group with two
+// deployments can keep one free; re-applying changes nothing; one at the
+// number of deployments is the admin API's InvalidArgument.
+func TestApplyModelGroupTraffic(t *testing.T) {
+	t.Parallel()
+	server, _ := startServer(t)
+	root := newCLIEnv(t).with("SLUICE_SERVER="+server, "SLUICE_TOKEN="+bootstrapToken)
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	doc := func(k int) string {
+		return `kind: ModelGroup
+name: isolated
+platform_wide: true
+traffic: {prefill_isolation: ` + strconv.Itoa(k) + `}
+deployments:
+  - api_base: http://vllm-a:8000/v1
+    upstream_model: m
+    free: true
+  - api_base: http://vllm-b:8000/v1
+    upstream_model: m
+    free: true
+`
+	}
+	require.NoError(t, os.WriteFile(file, []byte(doc(1)), 0o600))
+	out := root.ok("apply", "-f", file)
+	require.Contains(t, out, "ModelGroupTraffic isolated")
+	got := root.okJSON("traffic", "model-group", "get", "isolated")
+	require.EqualValues(t, 1, toInt(t, firstOf(got, "prefill_isolation", "prefillIsolation")))
+	require.Equal(t, "Applied: no changes.\n", root.ok("apply", "-f", file))
+
+	require.NoError(t, os.WriteFile(file, []byte(doc(2)), 0o600))
+	r := root.runIn("", "apply", "-f", file)
+	require.NotZero(t, r.code)
+	require.Contains(t, r.stderr, "invalid_argument")
+	require.Contains(t, r.stderr, "traffic.prefill_isolation")
+}

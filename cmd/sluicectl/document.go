@@ -14,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	sigsyaml "sigs.k8s.io/yaml"
 
@@ -29,7 +30,8 @@ import (
 //	kind: Team         org, name; limits, metadata, traffic_class, model_group_aliases
 //	kind: User         org, email; display_name, limits, metadata
 //	kind: ModelGroup   name; description, platform_wide, granted_orgs (org names), routing (strategy,
-//	                   session_ttl, load_factor), deployments (identified by api_base + upstream_model)
+//	                   session_ttl, load_factor), traffic (queues, prefill_isolation),
+//	                   deployments (identified by api_base + upstream_model)
 //	kind: Member, Customer, Key, OrgTraffic (apply_tenants.go)
 //
 // New kinds are added by a document type, a loader case in decodeDocument
@@ -128,9 +130,27 @@ type modelGroupDoc struct {
 	// group's grants are left as they are; listed, apply grants it to the
 	// orgs it is not granted to yet and, with --prune, revokes the grants
 	// of orgs the list leaves out (an empty list revokes every grant).
-	GrantedOrgs *[]string       `yaml:"granted_orgs,omitempty"`
-	Routing     *routingDoc     `yaml:"routing,omitempty"`
+	GrantedOrgs *[]string   `yaml:"granted_orgs,omitempty"`
+	Routing     *routingDoc `yaml:"routing,omitempty"`
+	// Traffic, when set, replaces the group's traffic settings
+	// (sluice.admin.v1.ModelGroupTraffic, decoded strictly by protojson:
+	// queues, prefill_isolation), after the group's deployments are
+	// applied (prefill_isolation must stay below their number); absent,
+	// they are left as they are.
+	Traffic     *trafficDoc     `yaml:"traffic,omitempty"`
 	Deployments []deploymentDoc `yaml:"deployments,omitempty"`
+}
+
+// trafficProto decodes the group's traffic settings (nil: none set).
+func (g *modelGroupDoc) trafficProto() (*adminv1.ModelGroupTraffic, error) {
+	if g.Traffic == nil {
+		return nil, nil
+	}
+	t := &adminv1.ModelGroupTraffic{}
+	if err := g.Traffic.decode(t); err != nil {
+		return nil, err
+	}
+	return t, nil
 }
 
 // routingDoc is a model group's routing settings (docs/routing.md,
@@ -246,23 +266,31 @@ func (d *deploymentDoc) trafficProto() (*adminv1.DeploymentTraffic, error) {
 	if d.Traffic == nil {
 		return nil, nil
 	}
+	t := &adminv1.DeploymentTraffic{}
+	if err := d.Traffic.decode(t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// decode decodes the settings into m (protojson, strictly).
+func (t *trafficDoc) decode(m proto.Message) error {
 	var v any
-	if err := d.Traffic.node.Decode(&v); err != nil {
-		return nil, fmt.Errorf("traffic: %w", err)
+	if err := t.node.Decode(&v); err != nil {
+		return fmt.Errorf("traffic: %w", err)
 	}
 	y, err := yaml.Marshal(v)
 	if err != nil {
-		return nil, fmt.Errorf("traffic: %w", err)
+		return fmt.Errorf("traffic: %w", err)
 	}
 	j, err := sigsyaml.YAMLToJSON(y)
 	if err != nil {
-		return nil, fmt.Errorf("traffic: %w", err)
+		return fmt.Errorf("traffic: %w", err)
 	}
-	t := &adminv1.DeploymentTraffic{}
-	if err := protojson.Unmarshal(j, t); err != nil {
-		return nil, fmt.Errorf("traffic: %w", err)
+	if err := protojson.Unmarshal(j, m); err != nil {
+		return fmt.Errorf("traffic: %w", err)
 	}
-	return t, nil
+	return nil
 }
 
 type capabilitiesDoc struct {

@@ -46,7 +46,7 @@ func trafficCommand() *command {
 					return r.GetTraffic(), err
 				}),
 		}, "deployments", "dep"),
-		group("model-group", "a model group's per-class queue overrides", []*command{
+		group("model-group", "a model group's per-class queue overrides and prefill isolation", []*command{
 			trafficGet("NAME", "show a model group's traffic settings", func(ctx context.Context, cl *clients, name string) (proto.Message, error) {
 				r, err := call(ctx, cl.traffic.GetModelGroupTraffic, &adminv1.GetModelGroupTrafficRequest{ModelGroup: name})
 				return r.GetTraffic(), err

@@ -6,6 +6,7 @@ package system
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +15,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -49,6 +52,9 @@ const (
 	// phase: half a step's token budget (about 400 ms of prefill at 10k
 	// tokens/s).
 	haPrefillCap = haBatchedTokens / 2
+	// haIsolation is the group's prefill_isolation of the isolated phase:
+	// one of the two deployments kept free of agent prefill.
+	haIsolation = 1
 )
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -357,7 +363,57 @@ func BenchmarkHumansAgents(b *testing.B) {
 	b.StartTimer()
 	capped := load(agentTok, true)
 	b.StopTimer()
+	// With classes and prefill isolation (one of the two deployments kept
+	// free of agent prefill, the group's prefill_isolation 1), without the
+	// prefill cap, on the same engines.
+	for _, dep := range depIDs {
+		_, err = tr.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: dep,
+			Traffic: &adminv1.DeploymentTraffic{InteractiveReserve: haReserve, PriorityScheduling: true}}))
+		require.NoError(b, err)
+	}
+	_, err = tr.SetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.SetModelGroupTrafficRequest{ModelGroup: "shared",
+		Traffic: &adminv1.ModelGroupTraffic{PrefillIsolation: haIsolation}}))
+	require.NoError(b, err)
+	for _, px := range proxies {
+		harness.Eventually(b, func() bool {
+			cat := px.DP.Catalog()
+			for _, dd := range cat.Deployments("shared") {
+				if dd.GetTraffic().GetMaxPrefillTokensInFlight() != 0 {
+					return false
+				}
+			}
+			return cat.ModelGroup("shared").GetTraffic().GetPrefillIsolation() == haIsolation
+		}, 15*time.Second, 10*time.Millisecond)
+	}
+	preempted := func() (n uint64) {
+		for _, e := range engines {
+			n += e.sim.Stats().NumPreemptions
+		}
+		return n
+	}
+	pre0 := preempted()
+	b.StartTimer()
+	isolated := load(agentTok, true)
+	b.StopTimer()
+	isoPreemptions := preempted() - pre0
 	quiet()
+	// The gates' decisions over the phase, summed over the proxies.
+	gate := map[string]float64{}
+	for _, px := range proxies {
+		resp, err := http.Get(px.URL + "/metrics")
+		require.NoError(b, err)
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.NoError(b, err)
+		for _, line := range strings.Split(string(body), "\n") {
+			if !strings.HasPrefix(line, "sluice_proxy_prefill_gate_total{") {
+				continue
+			}
+			labels, val, _ := strings.Cut(strings.TrimPrefix(line, "sluice_proxy_prefill_gate_total"), " ")
+			v, _ := strconv.ParseFloat(val, 64)
+			gate[labels] += v
+		}
+	}
 
 	p := func(d []time.Duration, q float64) time.Duration {
 		return harness.Percentile(d, q).Round(time.Millisecond)
@@ -387,14 +443,24 @@ func BenchmarkHumansAgents(b *testing.B) {
 		p(off.ttfts, 50), ratio(p(off.ttfts, 50), idle50), p(off.ttfts, 99), ratio(p(off.ttfts, 99), idle99), len(off.ttfts), off.chatFailed)
 	b.Logf("chat TTFT classes + prefill cap %d: p50 %s (%.2fx idle) p99 %s (%.2fx idle) (n=%d, refused or failed %v)", haPrefillCap,
 		p(capped.ttfts, 50), ratio(p(capped.ttfts, 50), idle50), p(capped.ttfts, 99), ratio(p(capped.ttfts, 99), idle99), len(capped.ttfts), capped.chatFailed)
-	b.Logf("agent output tokens/s: alone %.0f, with classes %.0f (%.1f%% of alone), classes disabled %.0f (%.1f%% of alone), classes + prefill cap %.0f (%.1f%% of alone); agent errors %d/%d/%d/%d",
+	b.Logf("chat TTFT classes + prefill isolation %d: p50 %s (%.2fx idle) p99 %s (%.2fx idle) (n=%d, refused or failed %v; engine preemptions in the phase %d)", haIsolation,
+		p(isolated.ttfts, 50), ratio(p(isolated.ttfts, 50), idle50), p(isolated.ttfts, 99), ratio(p(isolated.ttfts, 99), idle99), len(isolated.ttfts), isolated.chatFailed, isoPreemptions)
+	b.Logf("chat TTFT classes + prefill isolation, slowest: %v", slowest(isolated.ttfts, 5))
+	b.Logf("prefill isolation gate decisions (all proxies): %v", gate)
+	b.Logf("agent output tokens/s: alone %.0f, with classes %.0f (%.1f%% of alone), classes disabled %.0f (%.1f%% of alone), classes + prefill cap %.0f (%.1f%% of alone), classes + prefill isolation %.0f (%.1f%% of alone); agent errors %d/%d/%d/%d/%d",
 		alone.agentTokensPerSec, on.agentTokensPerSec, 100*on.agentTokensPerSec/alone.agentTokensPerSec,
 		off.agentTokensPerSec, 100*off.agentTokensPerSec/alone.agentTokensPerSec,
-		capped.agentTokensPerSec, 100*capped.agentTokensPerSec/alone.agentTokensPerSec, alone.agentErrors, on.agentErrors, off.agentErrors, capped.agentErrors)
+		capped.agentTokensPerSec, 100*capped.agentTokensPerSec/alone.agentTokensPerSec,
+		isolated.agentTokensPerSec, 100*isolated.agentTokensPerSec/alone.agentTokensPerSec,
+		alone.agentErrors, on.agentErrors, off.agentErrors, capped.agentErrors, isolated.agentErrors)
 	b.Logf("agent requests in flight at the engines with classes: peak %d (cap %d = %d × (%d − %d)); interactive shed by the proxies: %d",
 		on.peakAgents, agentCap, haEngines, haMaxNumSeqs, haReserve, rejected)
 	b.Logf("targets: chat TTFT p99 with classes ≤ 1.5× idle: %v; agents with classes ≥ 80%% of alone: %v",
 		ratio(p(on.ttfts, 99), idle99) <= 1.5, on.agentTokensPerSec >= 0.8*alone.agentTokensPerSec)
+	b.Logf("targets with prefill isolation: chat TTFT p99 ≤ 1.5× idle: %v; agents ≥ 80%% of alone: %v; no chat refused: %v",
+		ratio(p(isolated.ttfts, 99), idle99) <= 1.5, isolated.agentTokensPerSec >= 0.8*alone.agentTokensPerSec, len(isolated.chatFailed) == 0)
+	b.ReportMetric(float64(p(isolated.ttfts, 99))/float64(time.Millisecond), "chat-isolated-p99-ms")
+	b.ReportMetric(isolated.agentTokensPerSec, "agent-isolated-tok/s")
 	b.ReportMetric(float64(p(on.ttfts, 99))/float64(time.Millisecond), "chat-p99-ms")
 	b.ReportMetric(float64(idle99)/float64(time.Millisecond), "chat-idle-p99-ms")
 	b.ReportMetric(on.agentTokensPerSec, "agent-tok/s")
@@ -403,7 +469,21 @@ func BenchmarkHumansAgents(b *testing.B) {
 	if len(on.chatFailed) > 0 {
 		b.Errorf("%d chat requests refused or failed with classes: %v", len(on.chatFailed), on.chatFailed)
 	}
+	if len(isolated.chatFailed) > 0 {
+		b.Errorf("%d chat requests refused or failed with prefill isolation: %v", len(isolated.chatFailed), isolated.chatFailed)
+	}
 	if on.peakAgents > agentCap {
 		b.Errorf("the engines saw %d agent requests in flight, above the fleet-wide cap %d", on.peakAgents, agentCap)
 	}
+}
+
+// slowest returns the n largest of d, largest first, rounded to ms.
+func slowest(d []time.Duration, n int) []time.Duration {
+	out := slices.Clone(d)
+	slices.SortFunc(out, func(a, b time.Duration) int { return cmp.Compare(b, a) })
+	out = out[:min(n, len(out))]
+	for i := range out {
+		out[i] = out[i].Round(time.Millisecond)
+	}
+	return out
 }

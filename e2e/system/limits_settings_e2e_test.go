@@ -87,7 +87,8 @@ func limitLevels(t *testing.T) map[string][]string {
 					hasLimits = true
 					continue
 				}
-				if strings.HasPrefix(fn, "max_") || strings.Contains(fn, "budget") || strings.Contains(fn, "limit") || strings.Contains(fn, "concurrency") {
+				if strings.HasPrefix(fn, "max_") || strings.Contains(fn, "budget") || strings.Contains(fn, "limit") || strings.Contains(fn, "concurrency") ||
+					strings.Contains(fn, "prefill") {
 					extra = append(extra, fn)
 				}
 			}
@@ -155,6 +156,13 @@ func TestNoDeadLimitSettings(t *testing.T) {
 		"Demotion":          {"max_prompt_tokens", "max_interactive_in_flight_per_key"},
 		"DeploymentTraffic": {"batch_max_concurrency", "max_prefill_tokens_in_flight"},
 		"ClassQueue":        {"max_length"},
+		// Prefill isolation of a model group (issues 12/13): enforced and
+		// tested with the gateway (dataplane/internal/gateway/prefill_test.go:
+		// TestPrefillIsolation; the gate script in
+		// dataplane/internal/limits/gate_test.go), refused at or above the
+		// group's number of deployments (controlplane/internal/admin:
+		// TestModelGroupPrefillIsolation).
+		"ModelGroupTraffic": {"prefill_isolation"},
 		// Resilience settings of a model group (issue 14): the attempt
 		// budget across retries and fallbacks is enforced and tested with
 		// the gateway (dataplane/internal/gateway/fallback_test.go:

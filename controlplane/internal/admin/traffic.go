@@ -334,6 +334,9 @@ func (s *trafficService) SetModelGroupTraffic(ctx context.Context, req *connect.
 	}
 	c := &validator{}
 	validateQueues(c, after.GetQueues())
+	if err := s.validatePrefillIsolation(ctx, c, req.Msg.GetModelGroup(), after.GetPrefillIsolation()); err != nil {
+		return nil, err
+	}
 	if err := c.err(); err != nil {
 		return nil, err
 	}
@@ -358,4 +361,28 @@ func (s *trafficService) SetModelGroupTraffic(ctx context.Context, req *connect.
 		return nil, err
 	}
 	return connect.NewResponse(&adminv1.SetModelGroupTrafficResponse{Traffic: after}), nil
+}
+
+// validatePrefillIsolation checks a group's prefill_isolation K: 0 (off)
+// or positive and below the group's number of deployments N, so that at
+// least one deployment can take agent prefill. A data plane that later
+// sees K ≥ N (deployments deleted since) lets agent prefill run on one
+// deployment at a time (docs/traffic.md, "Prefill isolation").
+func (s *trafficService) validatePrefillIsolation(ctx context.Context, c *validator, group string, k int64) error {
+	const field = "traffic.prefill_isolation"
+	switch {
+	case k == 0:
+		return nil
+	case k < 0:
+		c.add(field, "must be 0 (off) or a number of deployments")
+		return nil
+	}
+	deps, err := s.store.DeploymentList(ctx, store.DeploymentQuery{ModelGroup: group}, store.Page{Limit: int(min(k, 1000)) + 1})
+	if err != nil {
+		return err
+	}
+	if int64(len(deps)) <= k {
+		c.add(field, "must be below the group's number of deployments (%d): at least one deployment must be able to take agent and batch prefill", len(deps))
+	}
+	return nil
 }

@@ -274,3 +274,40 @@ func TestModelGroupTraffic(t *testing.T) {
 	_, err = tr.SetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.SetModelGroupTrafficRequest{ModelGroup: "no-such-group"}))
 	require.Equal(t, "not_found", codeOf(err))
 }
+
+// TestModelGroupPrefillIsolation: prefill_isolation must stay below the
+// group's number of deployments (InvalidArgument naming the field
+// otherwise), is stored, audited and published like the group's other
+// traffic settings.
+func TestModelGroupPrefillIsolation(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	g := b.mkModelGroup("traffic-isolation")
+	tr := b.traffic(b.bootstrap)
+	set := func(k int64) error {
+		_, err := tr.SetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.SetModelGroupTrafficRequest{ModelGroup: g,
+			Traffic: &adminv1.ModelGroupTraffic{PrefillIsolation: k}}))
+		return err
+	}
+	err := set(1)
+	require.Equal(t, "invalid_argument", codeOf(err), "a group without deployments")
+	require.ErrorContains(t, err, "traffic.prefill_isolation: must be below the group's number of deployments (0)")
+	b.mkDeployment(g, "")
+	err = set(1)
+	require.Equal(t, "invalid_argument", codeOf(err), "one deployment: none would be left for agents")
+	require.ErrorContains(t, err, "(1)")
+	err = set(-1)
+	require.Equal(t, "invalid_argument", codeOf(err))
+	require.ErrorContains(t, err, "traffic.prefill_isolation: must be 0 (off)")
+	require.Zero(t, b.auditOf(objModelGroupTraffic, g), "refused settings are not written")
+
+	b.mkDeployment(g, "")
+	require.NoError(t, set(1))
+	got, err := tr.GetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.GetModelGroupTrafficRequest{ModelGroup: g}))
+	require.NoError(t, err)
+	requireProto(t, &adminv1.ModelGroupTraffic{PrefillIsolation: 1}, got.Msg.Traffic)
+	require.Equal(t, 1, b.auditOf(objModelGroupTraffic, g))
+	require.ErrorContains(t, set(2), "(2)")
+	require.NoError(t, set(0), "off")
+}

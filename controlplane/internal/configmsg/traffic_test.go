@@ -52,9 +52,11 @@ func TestTrafficSettingsConvert(t *testing.T) {
 	require.NotNil(t, dm.Traffic.ClassPriority.Interactive, "an explicit 0 priority survives")
 
 	gm, err := ModelGroup(store.ModelGroup{Name: "g", Traffic: adminJSON(t, &adminv1.ModelGroupTraffic{
-		Queues: []*adminv1.ClassQueue{{TrafficClass: adminv1.TrafficClass_TRAFFIC_CLASS_AGENT, MaxLength: 7}}})})
+		Queues:           []*adminv1.ClassQueue{{TrafficClass: adminv1.TrafficClass_TRAFFIC_CLASS_AGENT, MaxLength: 7}},
+		PrefillIsolation: 1})})
 	require.NoError(t, err)
 	require.Equal(t, int64(7), gm.Traffic.Queues[0].MaxLength)
+	require.Equal(t, int64(1), gm.Traffic.PrefillIsolation, "prefill isolation reaches the snapshot")
 
 	for _, empty := range [][]byte{nil, []byte("{}")} {
 		om, err := Org(store.Org{ID: "org_2", Traffic: empty})

@@ -29,7 +29,7 @@ func onCluster(t testing.TB) *testsvc.RedisCluster {
 // sharing it, with the same assertions as on one Redis: session pins
 // (kept after filters, across a full deployment, replaced when gone, with
 // their TTL), prefix affinity, bounded load, least_outstanding and
-// engine_load over the fleet-wide leases. A session's pin lives on its
+// engine_load over the fleet-wide leases, prefill isolation. A session's pin lives on its
 // org's slot and each deployment's leases on the deployment's own, so one
 // lookup reads several nodes; the limits scripts' keys share one slot per
 // call (a call touching two would fail with CROSSSLOT).
@@ -45,6 +45,9 @@ func TestRoutingOnCluster(t *testing.T) {
 		{"StrategyDefaultsByClass", TestStrategyDefaultsByClass}, {"StrategySessionTTL", TestStrategySessionTTL},
 		{"StrategyLoadFactor", TestStrategyLoadFactor}, {"StrategyLeastOutstanding", TestStrategyLeastOutstanding},
 		{"StrategyEngineLoadOrder", TestStrategyEngineLoadOrder}, {"PinAndLoadsOnSeveralSlots", testPinAndLoadsOnSeveralSlots},
+		// The prefill isolation gate's keys on the group's own slot,
+		// beside the deployments' lease slots.
+		{"PrefillIsolation", TestPrefillIsolation},
 	} {
 		t.Run("cluster/"+tc.name, tc.f)
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/dataplane/internal/forward"
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/openai"
 	"github.com/sluicegw/sluice/dataplane/internal/upstream"
 )
@@ -106,6 +107,33 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 // retry-after of those at their caps and whether a lease count is in
 // quarantine.
 func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait *time.Duration, recovering *bool) (*candidate, *openai.Error) {
+	// Prefill isolation (gate.go): an interactive request's candidate
+	// without agent prefill first, its prefill registered there.
+	placed, e := x.placeInteractive(ctx, cands, *next)
+	if e != nil {
+		return nil, e
+	}
+	c, e := x.pickFrom(ctx, cands, next, wait, recovering, placed)
+	if placed != nil && (c == nil || c.d.GetId() != placed.Deployment) {
+		// Served elsewhere (the placed deployment had no slot) or not at
+		// all: the entry would keep agents off a deployment it is not on.
+		x.h.leaveGate(placed, c0group(cands, placed))
+	}
+	return c, e
+}
+
+// c0group is the model group of the candidate a gate entry was placed on.
+func c0group(cands []candidate, e *limits.GateEntry) string {
+	for _, c := range cands {
+		if c.d.GetId() == e.Deployment {
+			return c.d.GetModelGroup()
+		}
+	}
+	return ""
+}
+
+func (x *exchange) pickFrom(ctx context.Context, cands []candidate, next *int, wait *time.Duration, recovering *bool, placed *limits.GateEntry) (*candidate, *openai.Error) {
+	refusedEst := int64(-1) // the estimate on the first deployment the gate refused
 	for ; *next < len(cands); *next++ {
 		cand := &cands[*next]
 		// A half-open deployment takes one probe at a time; while another
@@ -126,16 +154,49 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 			}
 			continue
 		}
+		est := x.prefillEstimate(cand.d)
+		// Prefill isolation (gate.go): an agent or batch attempt's prefill
+		// is registered at its group's gate first. The gate never makes a
+		// request prefill more than on a deployment it refused: a later
+		// candidate whose estimate is higher (a session's engine holds its
+		// conversation) is not taken, the request waits instead.
+		if refusedEst >= 0 && est > refusedEst+minPrefillGain {
+			release()
+			continue
+		}
+		gate, open, e := x.enterGate(ctx, cand.d)
+		if e != nil {
+			release()
+			return nil, e
+		}
+		if !open {
+			release()
+			if refusedEst < 0 {
+				refusedEst = est
+			}
+			if *wait == 0 || limits.GateRetryAfter < *wait {
+				*wait = limits.GateRetryAfter
+			}
+			continue
+		}
+		if placed != nil && placed.Deployment == cand.d.GetId() {
+			gate = placed
+		}
 		// The fleet-wide max_concurrency lease (Redis), after the
 		// per-instance one, with the attempt's prefill (prefill.go).
-		est := x.prefillEstimate(cand.d)
 		dl, rej, e := x.admitDeployment(ctx, cand.d, est)
 		switch {
 		case e != nil:
 			release()
+			if gate != placed {
+				x.h.leaveGate(gate, cand.d.GetModelGroup())
+			}
 			return nil, e
 		case rej != nil:
 			release()
+			if gate != placed {
+				x.h.leaveGate(gate, cand.d.GetModelGroup())
+			}
 			if *wait == 0 || rej.RetryAfter < *wait {
 				*wait = rej.RetryAfter
 			}
@@ -144,9 +205,11 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 		}
 		if dl != nil {
 			x.leases.setDep(dl)
+		}
+		if dl != nil || gate != nil {
 			x.startRenewal()
 		}
-		x.startPrefill(cand.d, est, dl)
+		x.startPrefill(cand.d, est, dl, gate)
 		x.chargeServed()
 		*next++
 		return cand, nil

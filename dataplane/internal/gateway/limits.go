@@ -566,6 +566,9 @@ func (r *renewal) renew() bool {
 			return false
 		}
 	}
+	if !x.renewGate(context.Background()) {
+		ok = false
+	}
 	if ok {
 		r.lastOK = time.Now()
 	} else if time.Since(r.lastOK) > r.ttl-r.interval {

@@ -113,6 +113,9 @@ type exchange struct {
 	aff affinityState
 	rt  groupRouting
 	pf  prefillAttempt
+	// gateWaited: a prefill isolation gate refused one of the request's
+	// attempts on a deployment (gate.go; the access log's prefill_gate).
+	gateWaited bool
 	// Responses (protocols.go): the deployment a previous_response_id
 	// pins the request to, the id of the Response produced.
 	pinned     string
@@ -386,7 +389,7 @@ func (x *exchange) finish() {
 		slog.Int("status", x.status), slog.String("error_code", x.errCode), slog.Bool("stream", ev.Stream),
 		slog.Int64("duration_ms", ev.LatencyMs), slog.Int64("ttft_ms", ev.TtftMs), slog.Int("attempts", x.attempts),
 		slog.Int64("prompt_tokens", x.prompt), slog.Int64("completion_tokens", x.completion),
-		slog.String("traffic_class", x.class), slog.String("class_reason", x.classReason))
+		slog.String("traffic_class", x.class), slog.String("class_reason", x.classReason), slog.Bool("prefill_gate_waited", x.gateWaited))
 }
 
 // cost prices a request: uncached prompt tokens at the input price, cached

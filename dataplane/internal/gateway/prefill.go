@@ -59,6 +59,10 @@ type prefillAttempt struct {
 	group  string
 	capped bool // the deployment has a prefill cap (waiters may be blocked by it)
 	active bool
+	// gate is the attempt's prefill isolation entry (gate.go; nil: its
+	// group has no isolation), of model group gateGroup.
+	gate      *limits.GateEntry
+	gateGroup string
 }
 
 // prefillMetrics are the prefill series (docs/metrics.md).
@@ -142,11 +146,12 @@ func (x *exchange) prefillEstimate(d *catalog.Deployment) int64 {
 
 // startPrefill accounts an attempt's prefill on d on this proxy (the
 // fleet-wide part is in lease, when d takes one).
-func (x *exchange) startPrefill(d *catalog.Deployment, tokens int64, lease *limits.Lease) {
+func (x *exchange) startPrefill(d *catalog.Deployment, tokens int64, lease *limits.Lease, gate *limits.GateEntry) {
 	p := &x.pf
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.dep, p.tokens, p.lease, p.group, p.active = d.GetId(), tokens, lease, x.group, true
+	p.gate, p.gateGroup = gate, d.GetModelGroup()
 	p.capped = d.GetTraffic().GetMaxPrefillTokensInFlight() > 0
 	x.h.prefill.get(p.dep).Add(tokens)
 	x.h.pm.own.WithLabelValues(p.dep).Add(float64(tokens))
@@ -155,7 +160,8 @@ func (x *exchange) startPrefill(d *catalog.Deployment, tokens int64, lease *limi
 // endPrefill ends the attempt's prefill: at its first token (firstToken:
 // the fleet-wide contribution moves to zero now, and the group's waiters
 // try again when the deployment has a prefill cap), or when the attempt
-// ends (its lease's release removes the contribution).
+// ends (its lease's release removes the contribution). A prefill
+// isolation entry leaves the gate either way (gate.go).
 func (x *exchange) endPrefill(firstToken bool) {
 	p := &x.pf
 	p.mu.Lock()
@@ -165,7 +171,10 @@ func (x *exchange) endPrefill(firstToken bool) {
 	}
 	p.active = false
 	dep, tokens, lease, group, capped := p.dep, p.tokens, p.lease, p.group, p.capped
+	gate, gateGroup := p.gate, p.gateGroup
+	p.gate = nil
 	p.mu.Unlock()
+	x.h.leaveGate(gate, gateGroup) // first token or end of the attempt: the deployment's prefill is over
 	x.h.prefill.get(dep).Add(-tokens)
 	x.h.pm.own.WithLabelValues(dep).Sub(float64(tokens))
 	lim := x.h.cfg.Limiter

@@ -302,6 +302,11 @@ func TestPrefillCapQueues(t *testing.T) {
 	h.firstToken()
 	h.finish()
 	require.Equal(t, http.StatusOK, awaitPosted(t, hold).resp.StatusCode)
+
+	// A group without prefill isolation never calls a gate.
+	gates, err := le.rdb.Keys(context.Background(), le.prefix+"{g:*").Result()
+	require.NoError(t, err)
+	require.Empty(t, gates)
 }
 
 // TestInteractiveLeastPrefill: an interactive request (group without a
@@ -424,4 +429,113 @@ func TestExplainShowsPrefillInFlight(t *testing.T) {
 	require.False(t, explain("agent").GetPrefillCapped())
 	a.finish()
 	require.Equal(t, http.StatusOK, awaitPosted(t, aDone).resp.StatusCode)
+}
+
+// TestPrefillIsolation: a model group with prefill_isolation 1 and two
+// deployments, two proxies. While one deployment has agent prefill in
+// flight an agent request never starts prefill on the other (it joins
+// the busy one, or waits in the queue when that one has no slot), an
+// interactive request goes to the free one, and an agent waiting at the
+// gate is woken across proxies by the first token that ends the busy
+// deployment's prefill (the retry interval is a minute).
+func TestPrefillIsolation(t *testing.T) {
+	bounds := admission.Bounds{{MaxLength: 4, Timeout: 20 * time.Second}, {MaxLength: 4, Timeout: 20 * time.Second}, {}}
+	rel := &memReleases{}
+	withQueues := func(c *Config) {
+		c.AdmissionQueues, c.AdmissionRetryInterval, c.Releases = bounds, time.Minute, rel
+	}
+	le := newLimitsEnv(t, withQueues)
+	for _, d := range []string{"d1", "d2"} {
+		require.NoError(t, le.lim.Bootstrap(context.Background(), limits.DeploymentOrg(d)))
+	}
+	e1, e2 := startGated(t, "d1"), startGated(t, "d2")
+	defer e1.stop()
+	defer e2.stop()
+	le.snap.ModelGroups = append(le.snap.ModelGroups, &configv1.ModelGroup{Name: "m", PlatformWide: true,
+		Traffic: &configv1.ModelGroupTraffic{PrefillIsolation: 1}})
+	// Two agent slots each (a third is reserved for interactive
+	// requests): the first agent and a joining one fill the busy
+	// deployment's, so a third agent has nowhere to start but the free one.
+	for _, d := range []struct {
+		id string
+		up *gatedUpstream
+	}{{"d1", e1}, {"d2", e2}} {
+		le.deploy(d.id, "m", d.up.url, func(d *configv1.Deployment) {
+			d.MaxConcurrency = 3
+			d.Traffic = &configv1.DeploymentTraffic{InteractiveReserve: 1}
+		})
+	}
+	agent := le.key("agent", func(k *configv1.Key) { k.TrafficClass = classAgent })
+	inter := le.key("inter", func(k *configv1.Key) { k.TrafficClass = classInteractive })
+	le.apply()
+	other := newEnv(t, func(c *Config) { c.Limiter = le.lim; withQueues(c) })
+	other.snap = le.snap
+	other.apply()
+	upOf := map[*gatedUpstream]string{e1: "d1", e2: "d2"}
+
+	// A: agent prefill on one deployment (the busy one).
+	aDone := postAsync(le.env, agent, longChat("m", 500, "a"))
+	a := nextOf(t, e1, e2)
+	busyUp, freeUp := a.up, e2
+	if busyUp == e2 {
+		freeUp = e1
+	}
+	busy, free := upOf[busyUp], upOf[freeUp]
+
+	// B, through the other proxy, wherever its order starts: it joins
+	// the busy deployment, never the free one.
+	bDone := postAsync(other, agent, longChat("m", 500, "b"))
+	b := nextOf(t, e1, e2)
+	require.Same(t, busyUp, b.up, "an agent never starts prefill on the free deployment while %s has agent prefill", busy)
+
+	// A chat goes to the free deployment, through either proxy.
+	for i, e := range []*env{le.env, other} {
+		cDone := postAsync(e, inter, chatBody("m", `"stream":true`))
+		c := nextOf(t, e1, e2)
+		require.Same(t, freeUp, c.up, "chat %d: the deployment without agent prefill", i)
+		c.firstToken()
+		c.finish()
+		p := awaitPosted(t, cDone)
+		require.Equal(t, http.StatusOK, p.resp.StatusCode, p.body)
+		ev := e.sink.byID(t, p.resp.Header.Get(oai.RequestIDHeader))
+		require.Equal(t, free, ev.DeploymentId)
+		require.Contains(t, []string{reasonIsolation, reasonPrefill, reasonShuffle}, ev.RoutingReason)
+	}
+
+	// C: the busy deployment is full (A and B), the free one is kept
+	// free: C waits in the queue and reaches no engine.
+	cDone := postAsync(other, agent, longChat("m", 500, "c"))
+	waitFor(t, "C queued by the gate", func() bool { return other.h.queues.Backlog().Classes["agent"].Queued == 1 })
+	require.Empty(t, e1.arrived)
+	require.Empty(t, e2.arrived)
+
+	// A's first token leaves B in prefill: C still waits.
+	a.firstToken()
+	require.Never(t, func() bool { return len(freeUp.arrived) > 0 }, 300*time.Millisecond, 20*time.Millisecond,
+		"C must not start on %s while B is in prefill on %s", free, busy)
+	// B's first token ends the busy deployment's agent prefill: C is
+	// woken (by the release notification) and starts on the free one.
+	t0 := time.Now()
+	b.firstToken()
+	c := freeUp.next(t)
+	t.Logf("C reached %s %s after B's first token", free, time.Since(t0))
+	require.Less(t, time.Since(t0), 5*time.Second)
+
+	// Now the other deployment has the agent prefill: a chat goes to the
+	// first one (its agents decoding only).
+	chDone := postAsync(le.env, inter, chatBody("m", `"stream":true`))
+	ch := busyUp.next(t)
+	ch.firstToken()
+	ch.finish()
+	require.Equal(t, http.StatusOK, awaitPosted(t, chDone).resp.StatusCode)
+
+	c.firstToken()
+	for _, r := range []*gatedReq{a, b, c} {
+		r.finish()
+	}
+	for _, done := range []chan posted{aDone, bDone, cDone} {
+		p := awaitPosted(t, done)
+		require.Equal(t, http.StatusOK, p.resp.StatusCode, p.body)
+	}
+	require.Zero(t, other.h.queues.Backlog().Classes["agent"].Rejected)
 }

@@ -223,6 +223,8 @@ type Handler struct {
 	affm *affinityMetrics
 	em   *engineMetrics
 	pm   *prefillMetrics
+	// gateM counts prefill isolation decisions (gate.go).
+	gateM *prometheus.CounterVec
 	// prefill counts this proxy's prefill tokens in flight per deployment
 	// (prefill.go).
 	prefill prefillCounts
@@ -385,6 +387,9 @@ func New(cfg Config) (*Handler, error) {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
 	if h.pm, err = newPrefillMetrics(cfg.Registerer); err != nil {
+		return nil, fmt.Errorf("proxy: register metrics: %w", err)
+	}
+	if h.gateM, err = newGateMetric(cfg.Registerer); err != nil {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
 	if h.sm, err = newSweepMetrics(cfg.Registerer); err != nil {

@@ -23,7 +23,7 @@ func startCluster(t *testing.T) []string { return testsvc.StartRedisCluster(t).A
 // TestClusterStore runs the limiter's tests on a 3-master Redis Cluster,
 // with the same assertions as on one Redis: admission, renewal,
 // settlement (single and batched across orgs), cancellation, leases,
-// budget seeds, peeks, sweeps and quota slices. Every script call's keys
+// budget seeds, peeks, sweeps, quota slices and prefill isolation gates. Every script call's keys
 // must share one slot (a call touching two fails with CROSSSLOT), and the
 // results must be those of the single-node run.
 func TestClusterStore(t *testing.T) {
@@ -47,6 +47,7 @@ func TestClusterStore(t *testing.T) {
 		{"SweepSettlesALostRequest", TestSweepSettlesALostRequestWithItsLastReport}, {"SweepersRace", TestSweepersRace},
 		{"SweepAfterStateLoss", TestSweepAfterStateLoss},
 		{"SlicesZeroRoundTrips", TestSlicesZeroRoundTrips},
+		{"GateIsolation", TestGateIsolation}, {"GateJoinWindow", TestGateJoinWindow}, {"GateEntriesExpire", TestGateEntriesExpire},
 	} {
 		t.Run("cluster/"+tc.name, tc.f)
 	}

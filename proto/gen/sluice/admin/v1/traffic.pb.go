@@ -436,10 +436,16 @@ func (x *DeploymentTraffic) GetQueues() []*ClassQueue {
 // ModelGroupTraffic holds a model group's queue overrides; a deployment's
 // own override of a class wins over its group's.
 type ModelGroupTraffic struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Queues        []*ClassQueue          `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Queues []*ClassQueue          `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Prefill isolation (docs/traffic.md, "Prefill isolation"): how many
+	// deployments of the group are kept free of agent and batch prefill at
+	// every moment, fleet-wide, so an interactive request always finds an
+	// engine whose steps carry no agent prefill (the free one rotates).
+	// 0: off. Must be below the group's number of deployments.
+	PrefillIsolation int64 `protobuf:"varint,460,opt,name=prefill_isolation,json=prefillIsolation,proto3" json:"prefill_isolation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ModelGroupTraffic) Reset() {
@@ -477,6 +483,13 @@ func (x *ModelGroupTraffic) GetQueues() []*ClassQueue {
 		return x.Queues
 	}
 	return nil
+}
+
+func (x *ModelGroupTraffic) GetPrefillIsolation() int64 {
+	if x != nil {
+		return x.PrefillIsolation
+	}
+	return 0
 }
 
 type GetOrgTrafficRequest struct {
@@ -1068,9 +1081,10 @@ const file_sluice_admin_v1_traffic_proto_rawDesc = "" +
 	"\x1cmax_prefill_tokens_in_flight\x18\x03 \x01(\x03R\x18maxPrefillTokensInFlight\x12/\n" +
 	"\x13priority_scheduling\x18\x04 \x01(\bR\x12priorityScheduling\x12G\n" +
 	"\x0eclass_priority\x18\x05 \x01(\v2 .sluice.admin.v1.ClassPrioritiesR\rclassPriority\x123\n" +
-	"\x06queues\x18\x06 \x03(\v2\x1b.sluice.admin.v1.ClassQueueR\x06queues\"H\n" +
+	"\x06queues\x18\x06 \x03(\v2\x1b.sluice.admin.v1.ClassQueueR\x06queues\"v\n" +
 	"\x11ModelGroupTraffic\x123\n" +
-	"\x06queues\x18\x01 \x03(\v2\x1b.sluice.admin.v1.ClassQueueR\x06queues\"-\n" +
+	"\x06queues\x18\x01 \x03(\v2\x1b.sluice.admin.v1.ClassQueueR\x06queues\x12,\n" +
+	"\x11prefill_isolation\x18\xcc\x03 \x01(\x03R\x10prefillIsolation\"-\n" +
 	"\x14GetOrgTrafficRequest\x12\x15\n" +
 	"\x06org_id\x18\x01 \x01(\tR\x05orgId\"N\n" +
 	"\x15GetOrgTrafficResponse\x125\n" +

@@ -752,10 +752,13 @@ func (x *DeploymentTraffic) GetQueues() []*ClassQueue {
 // ModelGroupTraffic holds a model group's queue overrides; a deployment's
 // own override of a class wins over its group's.
 type ModelGroupTraffic struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Queues        []*ClassQueue          `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Queues []*ClassQueue          `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Deployments of the group kept free of non-interactive prefill
+	// (admin ModelGroupTraffic.prefill_isolation); 0: off.
+	PrefillIsolation int64 `protobuf:"varint,460,opt,name=prefill_isolation,json=prefillIsolation,proto3" json:"prefill_isolation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ModelGroupTraffic) Reset() {
@@ -793,6 +796,13 @@ func (x *ModelGroupTraffic) GetQueues() []*ClassQueue {
 		return x.Queues
 	}
 	return nil
+}
+
+func (x *ModelGroupTraffic) GetPrefillIsolation() int64 {
+	if x != nil {
+		return x.PrefillIsolation
+	}
+	return 0
 }
 
 type Team struct {
@@ -3694,9 +3704,10 @@ const file_sluice_config_v1_config_proto_rawDesc = "" +
 	"\x1cmax_prefill_tokens_in_flight\x18\x03 \x01(\x03R\x18maxPrefillTokensInFlight\x12/\n" +
 	"\x13priority_scheduling\x18\x04 \x01(\bR\x12priorityScheduling\x12H\n" +
 	"\x0eclass_priority\x18\x05 \x01(\v2!.sluice.config.v1.ClassPrioritiesR\rclassPriority\x124\n" +
-	"\x06queues\x18\x06 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\"I\n" +
+	"\x06queues\x18\x06 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\"w\n" +
 	"\x11ModelGroupTraffic\x124\n" +
-	"\x06queues\x18\x01 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\"\xa2\x04\n" +
+	"\x06queues\x18\x01 \x03(\v2\x1c.sluice.config.v1.ClassQueueR\x06queues\x12,\n" +
+	"\x11prefill_isolation\x18\xcc\x03 \x01(\x03R\x10prefillIsolation\"\xa2\x04\n" +
 	"\x04Team\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x15\n" +
 	"\x06org_id\x18\x02 \x01(\tR\x05orgId\x120\n" +
