@@ -246,7 +246,11 @@ func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWr
 		x.releaseDeploymentLease()
 		x.h.queues.Notify(x.group) // a slot of this proxy's is free
 	}()
-	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, x.policy(c.d.GetModelGroup()))
+	pol := x.policy(c.d.GetModelGroup())
+	// A half-open deployment's probe holds its stream back until it ends
+	// cleanly: a cut within the hold is retried elsewhere, not relayed.
+	pol.Probe = c.standing == upstream.Probe
+	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, pol)
 }
 
 func (x *exchange) setUsage(u *openai.Usage) {

@@ -9,10 +9,13 @@ import (
 // window, the retries of a pool (model group) add at most
 // DefaultRetryBudgetRatio of its requests, and at least
 // DefaultRetryBudgetMin retries are always allowed per window (so a quiet
-// pool can still retry).
+// pool can still retry, and a proxy that just started, with no request
+// history, can find out a brownout: each faulty deployment costs a retry
+// or two in its first requests, before the ratio of its requests covers
+// them; Linkerd's and Finagle's minimum is 10 a second).
 const (
 	DefaultRetryBudgetRatio = 0.2
-	DefaultRetryBudgetMin   = 3
+	DefaultRetryBudgetMin   = 10
 	RetryBudgetWindow       = 10 * time.Second
 	budgetBuckets           = 10
 )
