@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/dataplane/internal/forward"
-	"github.com/sluicegw/sluice/dataplane/internal/upstream"
 	oai "github.com/sluicegw/sluice/dataplane/internal/openai"
+	"github.com/sluicegw/sluice/dataplane/internal/upstream"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
 
