@@ -220,3 +220,30 @@ func TestDeadlineAcrossRetriesAndFallback(t *testing.T) {
 		require.LessOrEqual(t, took, deadline+50*time.Millisecond, "the total deadline across retries and fallbacks")
 	}
 }
+
+// TestPushbackWhenEveryAttemptFailed: a request whose every attempt (its
+// whole attempt budget) failed while its pool retries on the budget's
+// minimum (beyond its ratio: a cold pool in a brownout) is answered with
+// x-should-retry: false, so SDKs do not multiply the minimum; a request
+// that ran out of deployments before its attempt budget, or of a single
+// attempt, keeps x-should-retry: true (TestUpstreamErrorsTyped).
+func TestPushbackWhenEveryAttemptFailed(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, func(c *Config) { c.MaxRetries = 3 })
+	tok := e.key("k1", nil)
+	e.group("four")
+	e.group("one")
+	full := newFakeEngine(t, engineStatus(http.StatusServiceUnavailable, "", `{"error":{"message":"The engine is currently busy and cannot accept new requests."}}`))
+	for i := range 4 {
+		e.deploy(fmt.Sprintf("f%d", i), "four", full.base(), nil)
+	}
+	e.deploy("o", "one", full.base(), nil)
+	e.apply()
+	r := readErr(t, e.post(RouteChat, tok, chatBody("four", "")))
+	require.Equal(t, http.StatusServiceUnavailable, r.Status)
+	require.Equal(t, "4", r.Header.Get(oai.HeaderAttempts), "within the budget's minimum")
+	require.Equal(t, "false", r.Header.Get("X-Should-Retry"), "every attempt failed on the budget's minimum: pushback")
+	r = readErr(t, e.post(RouteChat, tok, chatBody("one", "")))
+	require.Equal(t, "1", r.Header.Get(oai.HeaderAttempts))
+	require.Equal(t, "true", r.Header.Get("X-Should-Retry"), "a single failed attempt")
+}

@@ -105,6 +105,16 @@ func (b *RetryBudget) Spent(pool string, now time.Time) bool {
 	return float64(ret+1) > max(b.ratio*float64(req), float64(b.min))
 }
 
+// OverRatio reports whether pool's retries in the window reach the ratio
+// of its requests: it retries on its minimum only (a client retry on top
+// of a request whose every attempt failed would amplify a brownout).
+func (b *RetryBudget) OverRatio(pool string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	req, ret := b.pool(pool).sums(now)
+	return float64(ret) >= b.ratio*float64(req)
+}
+
 // Use returns pool's requests and retries in the window (metrics).
 func (b *RetryBudget) Use(pool string, now time.Time) (requests, retries int64) {
 	b.mu.Lock()

@@ -24,6 +24,9 @@ func TestRetryBudget(t *testing.T) {
 		n++
 	}
 	require.Equal(t, 17, n)
+	require.True(t, b.OverRatio("g", now.Add(time.Second)), "20 retries for 100 requests")
+	b.Request("g", now.Add(time.Second))
+	require.False(t, b.OverRatio("g", now.Add(time.Second)), "20 retries for 101 requests")
 	// Another pool has its own budget.
 	require.True(t, b.TryRetry("h", now))
 	// The window slides: 10 s later the old requests and retries are gone.
