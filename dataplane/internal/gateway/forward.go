@@ -64,7 +64,7 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		if c == nil {
 			if last != nil {
-				if h.budget.Spent(x.group, time.Now()) {
+				if h.budget.Pushback(x.group, time.Now()) {
 					return pushback(last)
 				}
 				return last
@@ -94,13 +94,8 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		last = out.Err
 	}
-	if now := time.Now(); last != nil && (h.budget.Spent(x.group, now) || (maxAttempts > 1 && h.budget.OverRatio(x.group, now))) {
-		// Every attempt the request may make failed, and the pool's retry
-		// budget is spent, or its retries already exceed the budget's
-		// ratio (it retries on its minimum, as a cold or quiet pool finding
-		// out a brownout does): a client retry would repeat the whole
-		// fan-out on a pool that failed all of it.
-		return pushback(last)
+	if last != nil && h.budget.Pushback(x.group, time.Now()) {
+		return pushback(last) // every attempt failed and the pool's retries are past what clients may add to
 	}
 	return last
 }

@@ -221,12 +221,12 @@ func TestDeadlineAcrossRetriesAndFallback(t *testing.T) {
 	}
 }
 
-// TestPushbackWhenEveryAttemptFailed: a request whose every attempt (its
-// whole attempt budget) failed while its pool retries on the budget's
-// minimum (beyond its ratio: a cold pool in a brownout) is answered with
-// x-should-retry: false, so SDKs do not multiply the minimum; a request
-// that ran out of deployments before its attempt budget, or of a single
-// attempt, keeps x-should-retry: true (TestUpstreamErrorsTyped).
+// TestPushbackWhenEveryAttemptFailed: a request whose every attempt
+// failed once its pool's retries pass max(ratio × requests,
+// upstream.PushbackMin) is answered with x-should-retry: false, though the
+// budget's minimum (10) still lets the proxy retry: SDKs do not multiply
+// the cold-start allowance; a request within it keeps x-should-retry:
+// true (TestUpstreamErrorsTyped).
 func TestPushbackWhenEveryAttemptFailed(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, func(c *Config) { c.MaxRetries = 3 })
@@ -239,11 +239,14 @@ func TestPushbackWhenEveryAttemptFailed(t *testing.T) {
 	}
 	e.deploy("o", "one", full.base(), nil)
 	e.apply()
-	r := readErr(t, e.post(RouteChat, tok, chatBody("four", "")))
+	r := readErr(t, e.post(RouteChat, tok, chatBody("one", "")))
+	require.Equal(t, "1", r.Header.Get(oai.HeaderAttempts))
+	require.Equal(t, "true", r.Header.Get("X-Should-Retry"), "within the budget")
+	r = readErr(t, e.post(RouteChat, tok, chatBody("four", "")))
 	require.Equal(t, http.StatusServiceUnavailable, r.Status)
 	require.Equal(t, "4", r.Header.Get(oai.HeaderAttempts), "within the budget's minimum")
-	require.Equal(t, "false", r.Header.Get("X-Should-Retry"), "every attempt failed on the budget's minimum: pushback")
-	r = readErr(t, e.post(RouteChat, tok, chatBody("one", "")))
-	require.Equal(t, "1", r.Header.Get(oai.HeaderAttempts))
-	require.Equal(t, "true", r.Header.Get("X-Should-Retry"), "a single failed attempt")
+	require.Equal(t, "false", r.Header.Get("X-Should-Retry"), "3 retries, past what clients may add to: pushback")
+	r = readErr(t, e.post(RouteChat, tok, chatBody("four", "")))
+	require.Equal(t, "4", r.Header.Get(oai.HeaderAttempts), "the proxy still retries on its minimum")
+	require.Equal(t, "false", r.Header.Get("X-Should-Retry"))
 }

@@ -105,14 +105,22 @@ func (b *RetryBudget) Spent(pool string, now time.Time) bool {
 	return float64(ret+1) > max(b.ratio*float64(req), float64(b.min))
 }
 
-// OverRatio reports whether pool's retries in the window reach the ratio
-// of its requests: it retries on its minimum only (a client retry on top
-// of a request whose every attempt failed would amplify a brownout).
-func (b *RetryBudget) OverRatio(pool string, now time.Time) bool {
+// PushbackMin is the minimum of the budget clients are held to: once a
+// pool's retries in the window pass max(ratio × requests, PushbackMin)
+// (or its own minimum, if lower), answers tell clients not to retry
+// (Pushback), though the proxy may still retry on its minimum: that
+// allowance is for finding out a brownout at a cold start, and clients
+// retrying on top of it would multiply the brownout.
+const PushbackMin = 3
+
+// Pushback reports whether pool's retries in the window pass what
+// clients may add to: max(ratio × requests, min(its minimum,
+// PushbackMin)).
+func (b *RetryBudget) Pushback(pool string, now time.Time) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	req, ret := b.pool(pool).sums(now)
-	return float64(ret) >= b.ratio*float64(req)
+	return float64(ret+1) > max(b.ratio*float64(req), float64(min(b.min, PushbackMin)))
 }
 
 // Use returns pool's requests and retries in the window (metrics).
