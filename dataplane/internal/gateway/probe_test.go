@@ -21,12 +21,15 @@ import (
 // most forward.ProbeHoldMax: a long stream reaches its client after the
 // hold, before its end; a cut after the hold reaches the client as a
 // typed error event (never retried: bytes were out) and ejects the
-// deployment again at once.
+// deployment again at once. The TTFT deadline (1 s, shorter than the
+// hold) counts the first event held: the probe is not abandoned.
 func TestProbeHoldBounded(t *testing.T) {
 	t.Parallel()
 	// 20 chunks 150 ms apart (3 s), then cut.
 	long := newFakeEngine(t, stream(0, 150*time.Millisecond, 20, true))
-	e := newEnv(t, func(c *Config) { c.EjectionBase, c.EjectionMax = 100*time.Millisecond, time.Minute })
+	e := newEnv(t, func(c *Config) {
+		c.EjectionBase, c.EjectionMax, c.TTFTTimeout = 100*time.Millisecond, time.Minute, time.Second
+	})
 	tok := e.key("k1", nil)
 	e.group("g")
 	e.deploy("long", "g", long.base(), nil)
