@@ -212,7 +212,7 @@ type Config struct {
 	NoTTFTTimeout bool
 	// RetryBudgetRatio bounds a model group's retries to this fraction of
 	// its requests over a sliding 10 s window (default 0.2, within (0, 1]);
-	// RetryBudgetMin retries per window are always allowed (default 3).
+	// RetryBudgetMin retries per window are always allowed (default 10).
 	RetryBudgetRatio float64
 	RetryBudgetMin   int
 	// MaxEjectionPercent bounds the share of a pool that ejections and

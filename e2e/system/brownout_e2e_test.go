@@ -27,9 +27,12 @@ import (
 // stay within the attempt and retry budgets, the 429ing engine is parked
 // after its first 429 and receives nothing while parked (the maximum
 // ejection percentage keeps deployments in rotation as last resorts
-// only), and the stream-cutter is ejected within a few failures, so every
-// request succeeds but the few streams the cutter cut; a refusal would
-// carry a typed error with retry-after.
+// only), and the stream-cutter is ejected within a few failures and its
+// returns cost no client stream (the half-open probe's stream is held
+// back: its cut is retried elsewhere), so every request succeeds but the
+// few streams the cutter cut before its first ejection; nobody is refused,
+// not even at the cold start (the retry budget's minimum, 10 a window,
+// covers finding out the faulty engines).
 func TestBrownout(t *testing.T) {
 	t.Parallel()
 	d := startDist(t)
@@ -47,13 +50,16 @@ func TestBrownout(t *testing.T) {
 	m := d.modelClient()
 	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "qwen", PlatformWide: true}))
 	require.NoError(t, err)
-	var limitedID string
+	var limitedID, cutterID string
 	for _, s := range []*vllmsim.Server{flaky, limited, cutter, slow} {
 		dep, err := m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{ModelGroup: "qwen", ApiBase: s.URL() + "/v1",
 			UpstreamModel: vllmsim.DefaultModel, Weight: 1, Prices: &adminv1.Prices{InputPerToken: 1e-6, OutputPerToken: 3e-6}}))
 		require.NoError(t, err)
-		if s == limited {
+		switch s {
+		case limited:
 			limitedID = dep.Msg.GetDeployment().GetId()
+		case cutter:
+			cutterID = dep.Msg.GetDeployment().GetId()
 		}
 	}
 	ten := d.NewTenant("brownout")
@@ -119,12 +125,9 @@ func TestBrownout(t *testing.T) {
 	perReq := float64(attempts.Load()) / n
 	t.Logf("%d streams: %d ok, %d cut mid-stream (typed error event), %d refused; %d upstream attempts (%.3f per request)",
 		n, ok.Load(), streamErrs.Load(), refused.Load(), attempts.Load(), perReq)
-	// Over the retry budget a request gets its original, typed error: the
-	// budget trades a few client errors (which carry retry-after) for no
-	// retry storm. The "no client error" goal of the issue is not met yet.
+	// Over the retry budget a request would get its original, typed error.
 	require.Zero(t, badRefusal.Load(), "a refusal without an upstream_* code and retry-after-ms")
-	require.Less(t, refused.Load(), int64(n/10))
-	require.LessOrEqual(t, perReq, 1.2+float64(3)/n, "retry amplification beyond the budget (20%% + its minimum of 3)")
+	require.LessOrEqual(t, perReq, 1.2+float64(3)/n, "retry amplification beyond the issue's 1.2")
 	// The cutter is ejected after 3 cuts, for 1 s then doubling: few
 	// streams reach it.
 	require.LessOrEqual(t, streamErrs.Load(), int64(15), "the stream-cutter was not ejected")
@@ -132,14 +135,15 @@ func TestBrownout(t *testing.T) {
 	// are last resorts behind the healthy one, so no retry is needed
 	// beyond the flaky engine's own failures: nobody is refused, and the
 	// 429ing engine receives nothing while parked.
-	// The only refusals are the retry budget's at a cold start (its
-	// window holds a handful of requests while the 429ing and flaky
-	// engines are found out): among the first requests.
-	budgetRefusals := promValue(t, p.DP.Gatherer(), "sluice_proxy_retry_budget_refusals_total", map[string]string{"model_group": "qwen"})
-	require.Equal(t, float64(refused.Load()), budgetRefusals, "a client refused other than by the retry budget")
-	for _, i := range refusedAt {
-		require.LessOrEqual(t, i, int64(4*workers), "a client refused after the cold start while the healthy deployment could serve it")
-	}
+	// Not even at the cold start (the retry budget's window holds a
+	// handful of requests while the 429ing and flaky engines are found
+	// out: its minimum covers them).
+	require.Zero(t, refused.Load(), "clients refused (arrivals %v) while the healthy deployment could serve them", refusedAt)
+	// The cutter's returns cost no client stream: its probes' cuts are
+	// held back and retried.
+	cutterAttempts := attemptsByState(t, p.DP.Gatherer(), cutterID)
+	t.Logf("the stream-cutter's attempts by standing/outcome: %v", cutterAttempts)
+	require.Zero(t, cutterAttempts["probe/failed"], "a half-open probe's cut reached its client")
 	whileParked := 0.0
 	for k, v := range attemptsByState(t, p.DP.Gatherer(), limitedID) {
 		if strings.HasPrefix(k, "parked/") {

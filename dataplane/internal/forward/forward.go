@@ -108,7 +108,20 @@ type Policy struct {
 	TTFTTimeout time.Duration
 	// EjectBase and EjectMax are the ejection backoff (upstream.Health).
 	EjectBase, EjectMax time.Duration
+	// Probe says the attempt is the probe of a half-open deployment
+	// (upstream.Probe): its stream is held back from the client until it
+	// ends cleanly, or ProbeHoldMax / ProbeHoldBytes pass, so that a cut
+	// within the hold is retried elsewhere instead of reaching the client.
+	Probe bool
 }
+
+// A probe's stream (Policy.Probe) is held back until it ends, at most
+// ProbeHoldMax after its first event (checked at each event) or
+// ProbeHoldBytes of events; then it is relayed as any other.
+const (
+	ProbeHoldMax   = 2 * time.Second
+	ProbeHoldBytes = 256 << 10
+)
 
 // call is one attempt in progress.
 type call struct {
@@ -121,6 +134,9 @@ type call struct {
 	// then on the attempt is never retried, nor abandoned at its TTFT
 	// deadline).
 	wrote atomic.Bool
+	// started is set once the stream's first event to relay arrived (held
+	// or relayed): from then on its TTFT deadline has passed.
+	started atomic.Bool
 	// wire is the wire format of the route's answers (wire.go).
 	wire wire
 }
@@ -152,12 +168,13 @@ func (a *call) attempt(ctx, clientCtx context.Context, w http.ResponseWriter) Ou
 	if a.x.Request().Stream() && a.pol.TTFTTimeout > 0 {
 		// The TTFT deadline: an attempt that has relayed nothing when it
 		// passes is abandoned (and may be retried elsewhere); one that has
-		// relayed its first event runs on under the total deadline.
+		// relayed its first event (or, a probe, holds it) runs on under the
+		// total deadline.
 		var cancel context.CancelCauseFunc
 		ctx, cancel = context.WithCancelCause(ctx)
 		defer cancel(nil)
 		t := time.AfterFunc(a.pol.TTFTTimeout, func() {
-			if !a.wrote.Load() {
+			if !a.started.Load() {
 				cancel(errTTFT)
 			}
 		})
@@ -239,9 +256,16 @@ func (a *call) attempt(ctx, clientCtx context.Context, w http.ResponseWriter) Ou
 var errTTFT = errors.New("no first token within the TTFT deadline")
 
 // unhealthy records a connect failure, 5xx or stream cut.
-func (a *call) unhealthy() {
+func (a *call) unhealthy() { a.failed(false) }
+
+// cutAfterBytes records a stream cut after bytes reached the client: it
+// ejects the deployment at once when other attempts of this instance
+// are on it (upstream.Health.CutBackoff).
+func (a *call) cutAfterBytes() { a.failed(a.st.Slots.InFlight() > 1) }
+
+func (a *call) failed(others bool) {
 	now := time.Now()
-	if d := a.st.Health.FailedBackoff(now, a.pol.EjectBase, a.pol.EjectMax); d > 0 {
+	if d := a.st.Health.CutBackoff(now, a.pol.EjectBase, a.pol.EjectMax, others); d > 0 {
 		a.st.MarkOut(upstream.OutEjected)
 		a.f.Ejection(a.d.GetId(), "failures")
 		a.f.Log.Warn("deployment ejected after consecutive failures", "deployment", a.d.GetId(),
@@ -379,54 +403,104 @@ func (a *call) relayBody(ctx, clientCtx context.Context, w http.ResponseWriter, 
 // read and stripped unless the client asked for it. The 200 headers go out
 // with the first relayed event: until then a failure (a cut, the TTFT
 // deadline) is retryable, since nothing reached the client. Once they are
-// out, failures are reported in the stream as an error event.
+// out, failures are reported in the stream as an error event. A probe's
+// events (Policy.Probe) are held until the stream ends or the hold's
+// bounds pass (ProbeHoldMax, ProbeHoldBytes): a cut within the hold is
+// retryable like one before the first event.
 func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter, resp *http.Response) Outcome {
 	defer resp.Body.Close()
 	rc := http.NewResponseController(w)
 	ct := resp.Header.Get("Content-Type")
 	er := openai.NewEventReader(resp.Body)
 	sawDone := false
+	holding := a.pol.Probe
+	var held bytes.Buffer
+	var heldText int
+	var holdStart time.Time
+	// write relays b (events), the 200 headers first; false when the
+	// client is gone.
+	write := func(b []byte, text int) bool {
+		if !a.wrote.Load() {
+			hd := w.Header()
+			hd.Set("Content-Type", ct)
+			hd.Set("Cache-Control", "no-cache")
+			hd.Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			a.wrote.Store(true)
+			a.x.SetStatus(http.StatusOK)
+			a.x.Relaying(true)
+		}
+		for range text {
+			a.x.ContentChunk()
+		}
+		if _, werr := w.Write(b); werr != nil {
+			a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
+			return false
+		}
+		a.x.FirstByte()
+		if ferr := rc.Flush(); ferr != nil {
+			a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
+			return false
+		}
+		return true
+	}
 	for {
 		ev, err := er.Next()
 		if ev != nil {
-			keep, done := a.inspect(ev)
+			keep, done, text := a.inspect(ev)
 			sawDone = sawDone || done
-			if keep {
-				if !a.wrote.Load() {
-					hd := w.Header()
-					hd.Set("Content-Type", ct)
-					hd.Set("Cache-Control", "no-cache")
-					hd.Set("X-Accel-Buffering", "no")
-					w.WriteHeader(http.StatusOK)
-					a.wrote.Store(true)
-					a.x.SetStatus(http.StatusOK)
-					a.x.Relaying(true)
+			switch {
+			case !holding:
+				if text {
+					a.x.ContentChunk()
 				}
-				if _, werr := w.Write(ev); werr != nil {
-					a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
-					return Outcome{}
+				if keep {
+					a.started.Store(true)
+					if !write(ev, 0) {
+						return Outcome{}
+					}
 				}
-				a.x.FirstByte()
-				if ferr := rc.Flush(); ferr != nil {
-					a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
-					return Outcome{}
+			default:
+				if text {
+					heldText++
+				}
+				if keep {
+					a.started.Store(true)
+					held.Write(ev)
+					if holdStart.IsZero() {
+						holdStart = time.Now()
+					}
+				}
+				if done || held.Len() >= ProbeHoldBytes || (!holdStart.IsZero() && time.Since(holdStart) >= ProbeHoldMax) {
+					holding = false
+					if held.Len() > 0 && !write(held.Bytes(), heldText) {
+						return Outcome{}
+					}
 				}
 			}
 		}
 		if err != nil {
 			if errors.Is(err, io.EOF) && sawDone {
-				a.st.Health.Succeeded()
+				a.st.Health.Succeeded() // a probe's hold ended at its [DONE] event
 				return Outcome{}
 			}
 			var e *openai.Error
 			if errors.Is(err, io.EOF) {
 				a.f.UpstreamError(a.d.GetId(), "stream")
-				a.unhealthy() // a stream cut counts against the deployment
+				if a.wrote.Load() {
+					a.cutAfterBytes()
+				} else {
+					a.unhealthy() // a stream cut counts against the deployment
+				}
 				e = openai.Upstream(openai.CodeUpstreamStreamError, "the upstream model server ended the stream early")
 			} else {
 				e = a.readFailure(ctx, clientCtx, err)
 				if e.Code == openai.CodeUpstreamError {
-					a.unhealthy()
+					if a.wrote.Load() {
+						a.cutAfterBytes()
+					} else {
+						a.unhealthy()
+					}
 				}
 			}
 			if e.Status == openai.StatusClientClosed {
@@ -435,12 +509,21 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 			}
 			if !a.wrote.Load() {
 				// Nothing reached the client: a cut, or the TTFT deadline,
-				// before the first event. Another deployment may serve it
-				// (never after the total deadline: the time is up).
+				// before the first event (or within a probe's hold).
+				// Another deployment may serve it (never after the total
+				// deadline: the time is up).
 				a.x.UpstreamAnswered(false)
 				retry := ctx.Err() == nil || errors.Is(context.Cause(ctx), errTTFT)
 				if e.Code == openai.CodeUpstreamStreamError {
 					e = openai.UpstreamFailed("the model server ended the stream before its first token")
+				}
+				if held.Len() > 0 {
+					// A probe's held events never reached the client: the
+					// retry's answer is the request's (its error code too).
+					a.x.SetErrorCode("")
+					if e.Code == openai.CodeUpstreamError {
+						e = openai.UpstreamFailed("the model server ended the stream early (nothing had reached the client)")
+					}
 				}
 				return Outcome{Err: e, Retry: retry}
 			}
@@ -453,26 +536,24 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 	}
 }
 
-// inspect reads one SSE event: it records usage, counts content chunks and
-// says whether to relay it (the usage-only chunk is dropped unless the
-// client asked for it) and whether it is the [DONE] marker.
-func (a *call) inspect(ev []byte) (keep, done bool) {
+// inspect reads one SSE event: it records usage and says whether to relay
+// it (the usage-only chunk is dropped unless the client asked for it),
+// whether it is the [DONE] marker and whether it carries text (a content
+// chunk, counted by the caller as it is relayed).
+func (a *call) inspect(ev []byte) (keep, done, text bool) {
 	e := a.wire.event(ev)
 	if e.Usage != nil { // before Done: a Responses stream's terminal event carries it
 		a.x.Usage(e.Usage)
 	}
 	switch {
 	case e.Done:
-		return true, true
+		return true, true, false
 	case e.Error:
 		a.x.SetErrorCode(openai.CodeUpstreamStreamError)
 		a.f.UpstreamError(a.d.GetId(), "stream")
-		return true, false
+		return true, false, false
 	}
-	if e.Text {
-		a.x.ContentChunk()
-	}
-	return e.Keep(a.x.Request().IncludeUsage()), false
+	return e.Keep(a.x.Request().IncludeUsage()), false, e.Text
 }
 
 // Engine 4xx answers (other than 429) become typed Sluice errors in the

@@ -65,7 +65,7 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		if c == nil {
 			if last != nil {
-				if h.budget.Spent(x.group, time.Now()) {
+				if h.budget.Pushback(x.group, time.Now()) {
 					return pushback(last)
 				}
 				return last
@@ -95,8 +95,8 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		last = out.Err
 	}
-	if last != nil && h.budget.Spent(x.group, time.Now()) {
-		return pushback(last) // every attempt failed and the pool's retry budget is spent too
+	if last != nil && h.budget.Pushback(x.group, time.Now()) {
+		return pushback(last) // every attempt failed and the pool's retries are past what clients may add to
 	}
 	return last
 }
@@ -309,7 +309,11 @@ func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWr
 		x.releaseDeploymentLease()
 		x.h.queues.Notify(x.group) // a slot of this proxy's is free
 	}()
-	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, x.policy(c.d.GetModelGroup()))
+	pol := x.policy(c.d.GetModelGroup())
+	// A half-open deployment's probe holds its stream back until it ends
+	// cleanly: a cut within the hold is retried elsewhere, not relayed.
+	pol.Probe = c.standing == upstream.Probe
+	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, pol)
 }
 
 func (x *exchange) setUsage(u *openai.Usage) {

@@ -142,10 +142,12 @@ func TestParkedOnlyWhenNothingElse(t *testing.T) {
 }
 
 // TestHalfOpenProbe (vLLM simulators): a deployment cutting its streams
-// mid-way is ejected after 3 cuts; when its backoff ends it is half-open
-// and takes a single probe however many requests arrive; the failed probe
-// ejects it again at once for twice the backoff; once it serves again,
-// its next probe succeeds and it is back in full.
+// mid-way is ejected after 3 cuts (one at a time: no other stream in
+// flight); when its backoff ends it is half-open and takes a single probe
+// however many requests arrive; the probe's stream is held back, so its
+// cut reaches no client (retried elsewhere: every stream ends with
+// [DONE]) and ejects it again at once for twice the backoff; once it
+// serves again, its next probe succeeds and it is back in full.
 func TestHalfOpenProbe(t *testing.T) {
 	t.Parallel()
 	cutter := startSim(t, func(c *vllmsim.Config) { c.Faults.CutAfterChunks = 2 })
@@ -179,17 +181,26 @@ func TestHalfOpenProbe(t *testing.T) {
 	// Its backoff ends: 8 concurrent streams, one probe.
 	waitFor(t, "the end of the ejection", func() bool { return h.HalfOpen(time.Now()) })
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var last []string
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			resp := e.post(RouteChat, tok, chatBody("g", `"stream":true`))
-			sseData(t, resp.Body)
+			data := sseData(t, resp.Body)
 			resp.Body.Close()
+			mu.Lock()
+			last = append(last, resp.Status+" "+data[len(data)-1])
+			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	require.Equal(t, 1.0, e.attemptCount("cutter", "probe", "failed"), "one probe, cut")
+	require.Equal(t, 1.0, e.attemptCount("cutter", "probe", "retryable"), "one probe, cut while held back, retried")
+	require.Zero(t, e.attemptCount("cutter", "probe", "failed"), "the probe's cut reached its client")
+	for _, l := range last {
+		require.Equal(t, "200 OK [DONE]", l, "a stream at the return was cut")
+	}
 	require.Equal(t, 3.0, e.attemptCount("cutter", "healthy", "failed"))
 	require.True(t, h.Ejected(time.Now()), "the failed probe ejects it again")
 	second := h.EjectedUntil()

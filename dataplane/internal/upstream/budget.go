@@ -9,10 +9,13 @@ import (
 // window, the retries of a pool (model group) add at most
 // DefaultRetryBudgetRatio of its requests, and at least
 // DefaultRetryBudgetMin retries are always allowed per window (so a quiet
-// pool can still retry).
+// pool can still retry, and a proxy that just started, with no request
+// history, can find out a brownout: each faulty deployment costs a retry
+// or two in its first requests, before the ratio of its requests covers
+// them; Linkerd's and Finagle's minimum is 10 a second).
 const (
 	DefaultRetryBudgetRatio = 0.2
-	DefaultRetryBudgetMin   = 3
+	DefaultRetryBudgetMin   = 10
 	RetryBudgetWindow       = 10 * time.Second
 	budgetBuckets           = 10
 )
@@ -100,6 +103,24 @@ func (b *RetryBudget) Spent(pool string, now time.Time) bool {
 	defer b.mu.Unlock()
 	req, ret := b.pool(pool).sums(now)
 	return float64(ret+1) > max(b.ratio*float64(req), float64(b.min))
+}
+
+// PushbackMin is the minimum of the budget clients are held to: once a
+// pool's retries in the window pass max(ratio × requests, PushbackMin)
+// (or its own minimum, if lower), answers tell clients not to retry
+// (Pushback), though the proxy may still retry on its minimum: that
+// allowance is for finding out a brownout at a cold start, and clients
+// retrying on top of it would multiply the brownout.
+const PushbackMin = 3
+
+// Pushback reports whether pool's retries in the window pass what
+// clients may add to: max(ratio × requests, min(its minimum,
+// PushbackMin)).
+func (b *RetryBudget) Pushback(pool string, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	req, ret := b.pool(pool).sums(now)
+	return float64(ret+1) > max(b.ratio*float64(req), float64(min(b.min, PushbackMin)))
 }
 
 // Use returns pool's requests and retries in the window (metrics).

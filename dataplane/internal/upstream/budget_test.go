@@ -24,6 +24,16 @@ func TestRetryBudget(t *testing.T) {
 		n++
 	}
 	require.Equal(t, 17, n)
+	require.True(t, b.Pushback("g", now.Add(time.Second)), "20 retries for 100 requests")
+	// Pushback: a minimum of 10 for the proxy's retries, clients are told
+	// to stop past 3.
+	c := NewRetryBudget(0.2, 10)
+	for range 3 {
+		require.False(t, c.Pushback("c", now))
+		require.True(t, c.TryRetry("c", now))
+	}
+	require.True(t, c.Pushback("c", now))
+	require.False(t, c.Spent("c", now), "the proxy may still retry")
 	// Another pool has its own budget.
 	require.True(t, b.TryRetry("h", now))
 	// The window slides: 10 s later the old requests and retries are gone.

@@ -105,6 +105,19 @@ func (h *Health) Failed(now time.Time) time.Duration {
 // it: the ejection accounts for it already); one failure of a half-open
 // deployment ejects it again.
 func (h *Health) FailedBackoff(now time.Time, base, maxBackoff time.Duration) time.Duration {
+	return h.failed(now, base, maxBackoff, false)
+}
+
+// CutBackoff counts a stream cut after bytes reached the client, which
+// cannot be retried. With others set (other attempts of this instance
+// are streaming from the deployment: they are likely cut too, and
+// nothing new should start there meanwhile) it ejects at once, like the
+// EjectAfterFailures-th failure; otherwise it counts as FailedBackoff.
+func (h *Health) CutBackoff(now time.Time, base, maxBackoff time.Duration, others bool) time.Duration {
+	return h.failed(now, base, maxBackoff, others)
+}
+
+func (h *Health) failed(now time.Time, base, maxBackoff time.Duration, force bool) time.Duration {
 	if base <= 0 {
 		base = EjectBase
 	}
@@ -117,7 +130,7 @@ func (h *Health) FailedBackoff(now time.Time, base, maxBackoff time.Duration) ti
 		return 0
 	}
 	h.failures++
-	if h.failures < EjectAfterFailures && !h.HalfOpen(now) {
+	if h.failures < EjectAfterFailures && !h.HalfOpen(now) && !force {
 		return 0
 	}
 	h.failures = 0
