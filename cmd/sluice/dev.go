@@ -612,8 +612,9 @@ func devCapabilities() *adminv1.Capabilities {
 // The demo pool: two engines of max_num_seqs devEngineSeqs behind one
 // model group, devReserve slots of each kept for interactive requests.
 const (
-	devEngineSeqs = 8
-	devReserve    = 2
+	devEngineSeqs       = 8
+	devReserve          = 2
+	devPrefillIsolation = 1
 )
 
 // devEngines are the demo engines' names, in deployment order.
@@ -622,7 +623,8 @@ var devEngines = []string{"engine-1", "engine-2"}
 // seedModels creates the demo model group, one deployment per simulated
 // engine (updating api_base when the engine moved, which it reports, and
 // max_concurrency when an earlier demo set another), and the pool's
-// traffic settings: an interactive reserve and engine priority.
+// traffic settings: an interactive reserve, engine priority and prefill
+// isolation.
 func seedModels(ctx context.Context, models adminv1connect.ModelServiceClient, traffic adminv1connect.TrafficServiceClient, engines map[string]string) (moved bool, err error) {
 	group := devModel
 	if _, err := models.GetModelGroup(ctx, connect.NewRequest(&adminv1.GetModelGroupRequest{Name: group})); connect.CodeOf(err) == connect.CodeNotFound {
@@ -684,6 +686,20 @@ func seedModels(ctx context.Context, models adminv1connect.ModelServiceClient, t
 			if _, err := traffic.SetDeploymentTraffic(ctx, connect.NewRequest(&adminv1.SetDeploymentTrafficRequest{DeploymentId: id, Traffic: want})); err != nil {
 				return moved, err
 			}
+		}
+	}
+	// One of the two engines is kept free of agent prefill at every moment
+	// (docs/traffic.md, "Prefill isolation"): a chat never shares an engine
+	// step with an agent's prompt. Set once; an operator's later change of
+	// the group's traffic settings is kept.
+	cur, err := traffic.GetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.GetModelGroupTrafficRequest{ModelGroup: group}))
+	if err != nil {
+		return moved, err
+	}
+	if cur.Msg.GetTraffic() == nil || proto.Equal(cur.Msg.GetTraffic(), &adminv1.ModelGroupTraffic{}) {
+		if _, err := traffic.SetModelGroupTraffic(ctx, connect.NewRequest(&adminv1.SetModelGroupTrafficRequest{ModelGroup: group,
+			Traffic: &adminv1.ModelGroupTraffic{PrefillIsolation: devPrefillIsolation}})); err != nil {
+			return moved, err
 		}
 	}
 	return moved, nil

@@ -287,6 +287,9 @@ func TestDevSharedPool(t *testing.T) {
 	for _, u := range r.state.Engines {
 		require.True(t, engines[u], "engine %s serves the pool", u)
 	}
+	gt, err := traffic.GetModelGroupTraffic(context.Background(), connect.NewRequest(&adminv1.GetModelGroupTrafficRequest{ModelGroup: devModel}))
+	require.NoError(t, err)
+	require.EqualValues(t, devPrefillIsolation, gt.Msg.GetTraffic().GetPrefillIsolation(), "one engine kept free of agent prefill")
 	for alias, class := range map[string]string{"human": "interactive", "agent": "agent"} {
 		req, _ := http.NewRequest(http.MethodPost, r.state.ProxyURL+"/v1/chat/completions",
 			strings.NewReader(`{"model":"`+devModel+`","messages":[{"role":"user","content":"Hello!"}],"max_tokens":4}`))

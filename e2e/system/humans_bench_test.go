@@ -213,11 +213,11 @@ type haLoad struct {
 // warms up (agents start staggered and prefill their first 20k tokens)
 // before its measured window.
 //
-// Scaled by SLUICE_BENCH_AGENTS (12), SLUICE_BENCH_WARMUP (15s),
+// Scaled by SLUICE_BENCH_AGENTS (12), SLUICE_BENCH_WARMUP (30s),
 // SLUICE_BENCH_WINDOW (30s) and SLUICE_BENCH_IDLE (10s).
 func BenchmarkHumansAgents(b *testing.B) {
 	agents := envInt("SLUICE_BENCH_AGENTS", 12)
-	warmup := envDuration("SLUICE_BENCH_WARMUP", 15*time.Second)
+	warmup := envDuration("SLUICE_BENCH_WARMUP", 30*time.Second)
 	window := envDuration("SLUICE_BENCH_WINDOW", 30*time.Second)
 	idle := envDuration("SLUICE_BENCH_IDLE", 10*time.Second)
 
