@@ -165,6 +165,15 @@ type Lookup struct {
 	// Turn is the session's last turn as recorded with its pin (zero:
 	// none recorded, or no session was asked).
 	Turn Turn
+	// Sessions are the live sessions (pinned or being placed) of the
+	// session sets asked (SessionsKey), in order (-1: unknown).
+	Sessions []int64
+}
+
+// SessionsComplete reports whether every session count asked was
+// answered (and at least one was asked).
+func (l Lookup) SessionsComplete() bool {
+	return len(l.Sessions) > 0 && !slices.Contains(l.Sessions, -1)
 }
 
 // Turn is what a session's last served turn left in its deployment's
@@ -214,7 +223,25 @@ type Keys struct {
 	// whose field PrefillField is read.
 	Prefill      []string
 	PrefillField string
+	// Sessions are session sets (SessionsKey) whose live members are
+	// counted.
+	Sessions []string
 }
+
+// SessionsKey is the Redis key of a deployment's live sessions: a zset
+// of pin keys scored by the expiry (ms) of the session's pin, or of its
+// placement while its first turn runs (Place). It is written in the same
+// call as the pin (PinSession), so a request without a session never
+// touches it, and it lives on the deployment's own hash tag
+// (<prefix>{d:<deployment>}:sessions), like its leases on their own.
+func (s *Store) SessionsKey(deployment string) string {
+	return s.cfg.KeyPrefix + "{d:" + deployment + "}:sessions"
+}
+
+// PlaceTTL bounds how long a new session's placement (Place) counts
+// without its pin being written: a proxy that died mid-turn leaves it
+// counted this long at most.
+const PlaceTTL = 10 * time.Minute
 
 // LoadsComplete reports whether every load asked was answered. Partial
 // loads must not be mixed with a proxy's own counts for the rest: a
@@ -244,6 +271,12 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 	for i := range out.Prefill {
 		out.Prefill[i] = -1
 	}
+	if len(k.Sessions) > 0 {
+		out.Sessions = make([]int64, len(k.Sessions))
+		for i := range out.Sessions {
+			out.Sessions[i] = -1
+		}
+	}
 	nowMS := "(" + strconv.FormatInt(now.UnixMilli(), 10)
 	if c := s.cfg.Conn.Cluster; c != nil {
 		pipe := c.Pipeline()
@@ -259,6 +292,10 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 		pfs := make([]*redis.StringCmd, len(k.Prefill))
 		for i, key := range k.Prefill {
 			pfs[i] = pipe.HGet(ctx, key, k.PrefillField)
+		}
+		sess := make([]*redis.IntCmd, len(k.Sessions))
+		for i, key := range k.Sessions {
+			sess[i] = pipe.ZCount(ctx, key, nowMS, "+inf")
 		}
 		_, _ = pipe.Exec(ctx)
 		var errs []error
@@ -292,9 +329,16 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 				errs = append(errs, err)
 			}
 		}
+		for i, c := range sess {
+			if n, err := c.Result(); err == nil {
+				out.Sessions[i] = n
+			} else {
+				errs = append(errs, err)
+			}
+		}
 		return out, errors.Join(errs...)
 	}
-	cmds := make([]redispipe.Cmd, 0, 2+len(k.Loads)+len(k.Prefill))
+	cmds := make([]redispipe.Cmd, 0, 2+len(k.Loads)+len(k.Prefill)+len(k.Sessions))
 	if k.Pin != "" {
 		cmds = append(cmds, redispipe.Cmd{Args: []any{"GET", k.Pin}}, redispipe.Cmd{Args: []any{"GET", turnKey(k.Pin)}})
 	}
@@ -303,6 +347,9 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 	}
 	for _, key := range k.Prefill {
 		cmds = append(cmds, redispipe.Cmd{Args: []any{"HGET", key, k.PrefillField}})
+	}
+	for _, key := range k.Sessions {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", key, nowMS, "+inf"}})
 	}
 	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
 	var bad []error
@@ -345,6 +392,17 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 			bad = append(bad, fmt.Errorf("affinity: HGET answered kind %q", vals[i].Kind))
 		}
 	}
+	vals, errs = vals[len(k.Prefill):], errs[len(k.Prefill):]
+	for i := range k.Sessions {
+		switch {
+		case errs[i] != nil:
+			bad = append(bad, errs[i])
+		case vals[i].Kind == ':':
+			out.Sessions[i] = vals[i].Int
+		default:
+			bad = append(bad, fmt.Errorf("affinity: ZCOUNT answered kind %q", vals[i].Kind))
+		}
+	}
 	return out, errors.Join(bad...)
 }
 
@@ -379,4 +437,98 @@ func (s *Store) PinTurn(ctx context.Context, pinKey, deployment string, ttl time
 		{Args: []any{"SET", turnKey(pinKey), t.encode(), "PX", ms}},
 	})
 	return errors.Join(errs...)
+}
+
+// SessionWrite is what PinSession writes beside the pin.
+type SessionWrite struct {
+	// Sessions is the served deployment's session set (SessionsKey): the
+	// pin key joins it, scored by the pin's expiry.
+	Sessions string
+	// Placed is the session set of the deployment the session was placed
+	// on (Place) when another one served it ("": none): the placement is
+	// withdrawn.
+	Placed string
+	// Turn, when set, is recorded with the pin (PinTurn).
+	Turn *Turn
+}
+
+// PinSession is Pin (or PinTurn) that also counts the session in its
+// deployment's session set, in one pipelined call: the set's expired
+// members are trimmed, the pin key is added scored by the pin's expiry,
+// and the set lives as long as its newest pin. now is the clock of the
+// scores.
+func (s *Store) PinSession(ctx context.Context, pinKey, deployment string, ttl time.Duration, w SessionWrite, now time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	ms := max(ttl.Milliseconds(), 1)
+	exp := now.UnixMilli() + ms
+	nowMS := strconv.FormatInt(now.UnixMilli(), 10)
+	var turn string
+	if w.Turn != nil {
+		t := *w.Turn
+		t.Deployment = deployment
+		turn = t.encode()
+	}
+	if c := s.cfg.Conn.Cluster; c != nil {
+		// The pin and the session set are on different slots: a
+		// Cluster pipeline sends each node its own commands.
+		d := time.Duration(ms) * time.Millisecond
+		pipe := c.Pipeline()
+		pipe.Set(ctx, pinKey, deployment, d)
+		if w.Turn != nil {
+			pipe.Set(ctx, turnKey(pinKey), turn, d)
+		}
+		if w.Sessions != "" {
+			pipe.ZRemRangeByScore(ctx, w.Sessions, "-inf", nowMS)
+			pipe.ZAdd(ctx, w.Sessions, redis.Z{Score: float64(exp), Member: pinKey})
+			pipe.PExpire(ctx, w.Sessions, d)
+		}
+		if w.Placed != "" && w.Placed != w.Sessions {
+			pipe.ZRem(ctx, w.Placed, pinKey)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	cmds := []redispipe.Cmd{{Args: []any{"SET", pinKey, deployment, "PX", ms}}}
+	if w.Turn != nil {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"SET", turnKey(pinKey), turn, "PX", ms}})
+	}
+	if w.Sessions != "" {
+		cmds = append(cmds,
+			redispipe.Cmd{Args: []any{"ZREMRANGEBYSCORE", w.Sessions, "-inf", nowMS}},
+			redispipe.Cmd{Args: []any{"ZADD", w.Sessions, exp, pinKey}},
+			redispipe.Cmd{Args: []any{"PEXPIRE", w.Sessions, ms}})
+	}
+	if w.Placed != "" && w.Placed != w.Sessions {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZREM", w.Placed, pinKey}})
+	}
+	_, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
+	return errors.Join(errs...)
+}
+
+// Place counts a new session in the session set of the deployment it was
+// placed on while its first turn runs (its pin is written when the turn
+// succeeds: PinSession), for PlaceTTL at most, so the sessions placed
+// after it see it. The set's expiry is left as it is (a pin sets it).
+func (s *Store) Place(ctx context.Context, sessionsKey, pinKey string, now time.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	exp := now.Add(PlaceTTL).UnixMilli()
+	if c := s.cfg.Conn.Cluster; c != nil {
+		return c.ZAdd(ctx, sessionsKey, redis.Z{Score: float64(exp), Member: pinKey}).Err()
+	}
+	_, err := s.cfg.Conn.Pipe.Do(ctx, "ZADD", sessionsKey, exp, pinKey)
+	return err
+}
+
+// Unplace withdraws a placement (Place) whose turn failed: the session
+// has no pin.
+func (s *Store) Unplace(ctx context.Context, sessionsKey, pinKey string) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
+	defer cancel()
+	if c := s.cfg.Conn.Cluster; c != nil {
+		return c.ZRem(ctx, sessionsKey, pinKey).Err()
+	}
+	_, err := s.cfg.Conn.Pipe.Do(ctx, "ZREM", sessionsKey, pinKey)
+	return err
 }

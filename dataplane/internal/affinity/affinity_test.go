@@ -171,3 +171,71 @@ func TestStoreTurnsAndPrefill(t *testing.T) {
 		require.Equal(t, "d2", got.Turn.Deployment)
 	}
 }
+
+// TestStoreSessions: a pin written with PinSession counts the session in
+// its deployment's session set (scored by the pin's expiry, the set
+// trimmed and expiring with its newest pin), a placement counts until
+// withdrawn or moved by the pin's call, and a lookup counts the live
+// members; on one Redis and on a Redis Cluster (the pin on the org's
+// slot, each set on its deployment's).
+func TestStoreSessions(t *testing.T) {
+	const addr = "127.0.0.1:6379"
+	rdb := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	require.NoError(t, rdb.Ping(context.Background()).Err(), "Redis must run on %s", addr)
+	conn, err := redisconn.Open("redis://"+addr+"/0", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	t.Run("redis", func(t *testing.T) { testStoreSessions(t, conn, rdb) })
+	rc := testsvc.StartRedisCluster(t)
+	cconn, err := redisconn.Open("", rc.Addrs)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = cconn.Close() })
+	t.Run("cluster", func(t *testing.T) { testStoreSessions(t, cconn, rc.Client(t)) })
+}
+
+func testStoreSessions(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalClient) {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	prefix := "aff" + hex.EncodeToString(b[:]) + ":"
+	s, err := New(Config{Conn: conn, KeyPrefix: prefix, CallTimeout: time.Second})
+	require.NoError(t, err)
+	ctx := context.Background()
+	now := time.Now()
+	d1, d2 := s.SessionsKey("d1"), s.SessionsKey("d2")
+	require.NotEqual(t, d1, d2)
+	k1, k2, k3 := s.PinKey("o1", "g", "s1"), s.PinKey("o1", "g", "s2"), s.PinKey("o2", "g", "s3")
+	t.Cleanup(func() {
+		for _, k := range []string{d1, d2, k1, k2, k3, turnKey(k1)} {
+			rdb.Del(ctx, k)
+		}
+	})
+	// An expired member is not counted, and the pin's call trims it.
+	rdb.ZAdd(ctx, d1, redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "old"})
+	require.NoError(t, s.PinSession(ctx, k1, "d1", time.Hour, SessionWrite{Sessions: d1, Turn: &Turn{Prompt: 10, Completion: 2, Estimate: 9}}, now))
+	require.NoError(t, s.Place(ctx, d1, k2, now))
+	require.NoError(t, s.Place(ctx, d2, k3, now))
+	got, err := s.LookupKeys(ctx, Keys{Pin: k1, Sessions: []string{d1, d2}}, now)
+	require.NoError(t, err)
+	require.Equal(t, "d1", got.Pinned)
+	require.Equal(t, Turn{Deployment: "d1", Prompt: 10, Completion: 2, Estimate: 9}, got.Turn)
+	require.Equal(t, []int64{2, 1}, got.Sessions)
+	require.True(t, got.SessionsComplete())
+	n, err := rdb.ZScore(ctx, d1, "old").Result()
+	require.ErrorIs(t, err, redis.Nil, "trimmed: %v", n)
+	ttl, err := rdb.PTTL(ctx, d1).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 59*time.Minute)
+	// s2 placed on d1 but served by d2: the pin's call moves it.
+	require.NoError(t, s.PinSession(ctx, k2, "d2", time.Hour, SessionWrite{Sessions: d2, Placed: d1}, now))
+	// s3's turn failed: its placement is withdrawn.
+	require.NoError(t, s.Unplace(ctx, d2, k3))
+	got, err = s.LookupKeys(ctx, Keys{Sessions: []string{d1, d2}}, now)
+	require.NoError(t, err)
+	require.Equal(t, []int64{1, 1}, got.Sessions)
+	// Later than every score: nothing live.
+	got, err = s.LookupKeys(ctx, Keys{Sessions: []string{d1, d2}}, now.Add(2*time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, []int64{0, 0}, got.Sessions)
+	require.False(t, Lookup{}.SessionsComplete())
+}

@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +82,15 @@ type affinityState struct {
 	// prefillIDs are the deployments whose prefill in flight the lookup
 	// reads, in the order of its answer's Prefill.
 	prefillIDs []string
+	// sessionIDs are the deployments whose live sessions the lookup
+	// reads (a request with a session), in the order of its answer's
+	// Sessions.
+	sessionIDs []string
+	// placing: the request is a new session (no pin, or a pin to a gone
+	// deployment) placed on the live sessions; placed is the deployment
+	// its placement was counted on (placeSession).
+	placing bool
+	placed  string
 }
 
 type affinityLookup struct {
@@ -133,6 +144,16 @@ func (x *exchange) startAffinity(ctx context.Context, hd http.Header, cands []ca
 		return // nothing to read: rendezvous on local loads
 	}
 	k := affinity.Keys{Pin: a.pinKey, Loads: loadKeys}
+	if a.pinKey != "" && len(cands) > 1 {
+		// A new session is placed on the live sessions per deployment:
+		// read with the pin, so known whatever the pin turns out to be.
+		k.Sessions = make([]string, len(cands))
+		a.sessionIDs = make([]string, len(cands))
+		for i, c := range cands {
+			a.sessionIDs[i] = c.d.GetId()
+			k.Sessions[i] = store.SessionsKey(c.d.GetId())
+		}
+	}
 	if x.prefillOrdered() && len(loadKeys) > 0 {
 		k.Prefill, a.prefillIDs = prefillKeys(x.h.cfg.Limiter, cands)
 		k.PrefillField = limits.PrefillField
@@ -250,10 +271,13 @@ func (x *exchange) orderByStrategy(cat *catalog.Catalog, cands []candidate) []ca
 			out = append(out, cands[i])
 		}
 	}
+	if pinAt < 0 && a.session != "" && !a.pinUnknown && (a.pinned == "" || a.pinGone) {
+		out = x.bySessions(out, loaded, look.res)
+	}
 	switch {
 	case pinAt >= 0:
 	case a.session != "":
-		a.reason = reasonLoad // a new session (or its pin unusable): placed by rendezvous with bounded load
+		a.reason = reasonLoad // a new session (or its pin unusable): placed by live sessions, or by rendezvous with bounded load
 	case overloaded:
 		a.reason = reasonLoad
 	default:
@@ -261,6 +285,62 @@ func (x *exchange) orderByStrategy(cat *catalog.Catalog, cands []candidate) []ca
 	}
 	a.first = out[0].d.GetId()
 	return out
+}
+
+// bySessions orders a new session's candidates (out, in rendezvous order
+// of the session) by their live sessions per unit of weight, then their
+// in-flight requests per unit of weight (loaded, in the order of the
+// candidates given to orderByStrategy), keeping the rendezvous order
+// between equals: new sessions spread evenly over the fleet whatever
+// their sessions' timing (a session between turns has nothing in flight
+// but comes back). Only when the lookup answered every session count;
+// otherwise out is kept (rendezvous with bounded load on the loads).
+func (x *exchange) bySessions(out []candidate, loaded []routing.Loaded, res affinity.Lookup) []candidate {
+	a := &x.aff
+	if !res.SessionsComplete() || len(res.Sessions) != len(a.sessionIDs) {
+		return out
+	}
+	sess := make(map[string]int64, len(a.sessionIDs))
+	for i, id := range a.sessionIDs {
+		sess[id] = res.Sessions[i]
+	}
+	load := make(map[string]int64, len(loaded))
+	for _, l := range loaded {
+		load[l.ID] = max(l.Load, 0)
+	}
+	for _, c := range out {
+		if _, ok := sess[c.d.GetId()]; !ok {
+			return out // a candidate the lookup did not ask about
+		}
+	}
+	a.placing = true
+	slices.SortStableFunc(out, func(p, q candidate) int {
+		wp, wq := int64(max(p.d.GetWeight(), 1)), int64(max(q.d.GetWeight(), 1))
+		if c := cmp.Compare(sess[p.d.GetId()]*wq, sess[q.d.GetId()]*wp); c != 0 {
+			return c
+		}
+		return cmp.Compare(load[p.d.GetId()]*wq, load[q.d.GetId()]*wp)
+	})
+	return out
+}
+
+// placeSession counts a new session on the deployment ordered first
+// while its first turn runs (off the request path: the write goes out
+// beside the forward), so that the sessions placed after it see it
+// before its pin is written. Not in Explain.
+func (x *exchange) placeSession() {
+	a := &x.aff
+	store := x.h.cfg.Affinity
+	if !a.placing || a.first == "" || store == nil || a.placed != "" {
+		return
+	}
+	a.placed = a.first
+	key, pinKey, log, id := store.SessionsKey(a.first), a.pinKey, x.h.log, x.id
+	go func() {
+		if err := store.Place(context.Background(), key, pinKey, time.Now()); err != nil {
+			log.Warn("session placement not counted", "request_id", id, "error", err)
+		}
+	}()
 }
 
 func groupHas(cat *catalog.Catalog, group, id string) bool {
@@ -332,24 +412,35 @@ func (x *exchange) settleAffinity() {
 		x.h.affm.decisions.WithLabelValues(x.affKind(), outcome).Inc()
 	}
 	store := x.h.cfg.Affinity
+	if store != nil && a.placed != "" && (!write || !ok || a.pinKey == "") {
+		// The new session's turn failed: it has no pin, and its
+		// placement no longer counts.
+		key, pinKey, log, id := store.SessionsKey(a.placed), a.pinKey, x.h.log, x.id
+		go func() {
+			if err := store.Unplace(context.Background(), key, pinKey); err != nil {
+				log.Warn("session placement not withdrawn", "request_id", id, "error", err)
+			}
+		}()
+	}
 	if !write || !ok || store == nil || a.pinKey == "" {
 		return
 	}
 	key, ttl, log, id := a.pinKey, x.rt.sessionTTL, x.h.log, x.id
+	// The session counts on the deployment that served it (its pin's
+	// expiry), in the pin's call; a placement elsewhere is withdrawn.
+	sw := affinity.SessionWrite{Sessions: store.SessionsKey(served)}
+	if a.placed != "" {
+		sw.Placed = store.SessionsKey(a.placed)
+	}
 	// The turn the deployment served is what its prefix cache holds for
 	// the session's next turn (prefill.go, prefillEstimate).
 	var turn *affinity.Turn
 	if x.usageSeen && x.req != nil {
 		turn = &affinity.Turn{Prompt: x.prompt, Completion: x.completion, Estimate: x.req.PromptEstimate()}
 	}
+	sw.Turn = turn
 	go func() {
-		var err error
-		if turn != nil {
-			err = store.PinTurn(context.Background(), key, served, ttl, *turn)
-		} else {
-			err = store.Pin(context.Background(), key, served, ttl)
-		}
-		if err != nil {
+		if err := store.PinSession(context.Background(), key, served, ttl, sw, time.Now()); err != nil {
 			log.Warn("session pin not written", "request_id", id, "deployment", served, "error", err)
 		}
 	}()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +177,93 @@ func TestPrefixAffinity(t *testing.T) {
 	}
 	// Short prompts are shuffled.
 	require.Equal(t, reasonShuffle, ae.call(chatBody("g", "")).RoutingReason)
+}
+
+// New sessions are placed on the deployments' live sessions (pinned, or
+// placed while their first turn runs), fleet-wide: 16 sessions over 4
+// deployments land 4 on each, though each is between turns (nothing in
+// flight) when the next is placed; every later turn stays on its pin.
+func TestNewSessionsBalanced(t *testing.T) {
+	ae := newAffinityEnv(t, nil)
+	for _, id := range []string{"d3", "d4"} {
+		sim := startSim(t, nil)
+		ae.deploy(id, "g", sim.URL()+"/v1", nil)
+	}
+	ae.apply()
+	per := map[string]int{}
+	pins := map[string]string{}
+	for i := range 16 {
+		s := "bal-" + strconv.Itoa(i)
+		ev := ae.call(chatBody("g", ""), "x-session-id", s)
+		require.Equal(t, reasonLoad, ev.RoutingReason)
+		ae.waitPin(s, ev.DeploymentId)
+		per[ev.DeploymentId]++
+		pins[s] = ev.DeploymentId
+	}
+	require.Equal(t, map[string]int{"d1": 4, "d2": 4, "d3": 4, "d4": 4}, per)
+	for s, dep := range pins {
+		ev := ae.call(chatBody("g", ""), "x-session-id", s)
+		require.Equal(t, dep, ev.DeploymentId)
+		require.Equal(t, reasonSession, ev.RoutingReason)
+	}
+	ctx := context.Background()
+	for _, id := range []string{"d1", "d2", "d3", "d4"} {
+		n, err := ae.rdb.ZCard(ctx, ae.store.SessionsKey(id)).Result()
+		require.NoError(t, err)
+		require.Equal(t, int64(4), n, id)
+	}
+	ae.drained()
+}
+
+// A new session whose first turn fails is not counted: its placement is
+// withdrawn and no pin is written.
+func TestNewSessionFailedNotCounted(t *testing.T) {
+	ae := newAffinityEnv(t, func(d *configv1.Deployment) { d.ApiBase = "http://127.0.0.1:1/v1" })
+	resp := ae.post("/v1/chat/completions", ae.tok, chatBody("g", ""), "x-session-id", "s-fail")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	require.GreaterOrEqual(t, resp.StatusCode, 500)
+	ctx := context.Background()
+	waitFor(t, "no live session counted", func() bool {
+		n1, _ := ae.rdb.ZCard(ctx, ae.store.SessionsKey("d1")).Result()
+		n2, _ := ae.rdb.ZCard(ctx, ae.store.SessionsKey("d2")).Result()
+		return n1+n2 == 0
+	})
+	require.Empty(t, ae.pin("s-fail"))
+}
+
+// A new session counts on the deployment it was placed on while its
+// first turn runs (before its pin is written), so that the sessions
+// placed meanwhile, by any proxy, see it; its pin's call then keeps it
+// counted once.
+func TestNewSessionCountedWhileFirstTurnRuns(t *testing.T) {
+	g1, g2 := startGated(t, "d1"), startGated(t, "d2")
+	ae := newAffinityEnv(t, func(d *configv1.Deployment) {
+		if d.Id == "d1" {
+			d.ApiBase = g1.url
+		} else {
+			d.ApiBase = g2.url
+		}
+	})
+	done := make(chan int, 1)
+	go func() {
+		resp := ae.post("/v1/chat/completions", ae.tok, chatBody("g", `"stream":true`), "x-session-id", "s-held")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	req := nextOf(t, g1, g2)
+	ctx := context.Background()
+	sessions := func(id string) int64 {
+		n, _ := ae.rdb.ZCount(ctx, ae.store.SessionsKey(id), strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
+		return n
+	}
+	waitFor(t, "the held session counted on "+req.up.name, func() bool { return sessions(req.up.name) == 1 })
+	require.Empty(t, ae.pin("s-held"), "no pin before the turn ends")
+	require.Zero(t, sessions(map[string]string{"d1": "d2", "d2": "d1"}[req.up.name]))
+	req.firstToken()
+	req.finish()
+	require.Equal(t, http.StatusOK, <-done)
+	ae.waitPin("s-held", req.up.name)
+	require.Equal(t, int64(1), sessions(req.up.name))
 }

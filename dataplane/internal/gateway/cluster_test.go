@@ -45,6 +45,8 @@ func TestRoutingOnCluster(t *testing.T) {
 		{"StrategyDefaultsByClass", TestStrategyDefaultsByClass}, {"StrategySessionTTL", TestStrategySessionTTL},
 		{"StrategyLoadFactor", TestStrategyLoadFactor}, {"StrategyLeastOutstanding", TestStrategyLeastOutstanding},
 		{"StrategyEngineLoadOrder", TestStrategyEngineLoadOrder}, {"PinAndLoadsOnSeveralSlots", testPinAndLoadsOnSeveralSlots},
+		{"NewSessionsBalanced", TestNewSessionsBalanced}, {"NewSessionFailedNotCounted", TestNewSessionFailedNotCounted},
+		{"NewSessionCountedWhileFirstTurnRuns", TestNewSessionCountedWhileFirstTurnRuns},
 		// The prefill isolation gate's keys on the group's own slot,
 		// beside the deployments' lease slots.
 		{"PrefillIsolation", TestPrefillIsolation},
