@@ -122,8 +122,8 @@ bench-limits: services
 bench-humans-agents: services
 	$(GO) test -run '^$$' -bench '^BenchmarkHumansAgents$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
-## bench-affinity: prefix-cache hit ratio, agent tokens/s and in-flight balance, affinity vs weighted_shuffle
-## in one run (docs/routing.md, "Measured"): 16 agent loops, 4 vllm-sim engines, 3 proxies.
+## bench-affinity: prefix-cache hit ratio, agent tokens/s and in-flight balance, affinity vs weighted_shuffle,
+## per-agent and shared system prompts, in one run (docs/routing.md, "Measured"): 16 agent loops, 4 vllm-sim engines, 3 proxies.
 bench-affinity: services
 	$(GO) test -run '^$$' -bench '^BenchmarkAffinity$$' -benchtime 1x -count 1 -timeout 20m -v ./e2e/system/
 

@@ -29,24 +29,33 @@ import (
 // hit ratio (vllm:prefix_cache_hits_total ÷ queries_total) of each, the
 // agent tokens/s (generated tokens per wall second) of each and their
 // ratio, and the max/mean of the engines' average in-flight requests
-// (running + waiting, sampled every 10 ms) of each. Bounded: 16 loops ×
-// 16 turns per strategy, a few seconds each.
+// (running + waiting, sampled every 10 ms) of each. Two variants, each on
+// both strategies (fresh engines each): "agent-id", where each loop's
+// system prompt starts with "You are agent N." (every loop's first turn
+// a cold prefill of its whole system prompt), and "shared", where every
+// loop sends the same system prompt (as the sessions of one coding agent
+// tool do: one system prompt and tool list) and its identity moves into
+// its first user message. It also logs each variant's hit ratio ceiling
+// (affinityCeiling). Bounded: 16 loops × 16 turns per strategy and
+// variant, a few seconds each.
 func BenchmarkAffinity(b *testing.B) {
 	const loops, turns, engines, proxies = 16, 16, 4, 3
-	// Loops start stagger apart, as agents do: a new session is placed by
-	// rendezvous with bounded load on the fleet-wide in-flight counts,
-	// which only see the sessions already running (16 placements in the
-	// same millisecond all see an idle fleet and fall back to the plain
-	// hash spread).
+	// Loops start stagger apart, as agents do. A new session is placed on
+	// the live sessions per engine (pinned, or placed while their first
+	// turn runs), then the fleet-wide in-flight counts (docs/routing.md,
+	// "Affinity").
 	const stagger = 40 * time.Millisecond
 	d := startDist(b)
 	ctx := context.Background()
 	m := d.modelClient()
-	groups := []string{"affinity", "weighted_shuffle"}
+	strategies := []string{"affinity", "weighted_shuffle"}
+	// Groups: the strategy's name (variant agent-id, as before) and
+	// <strategy>-shared (variant shared), each with its own engines.
+	groups := []string{"affinity", "weighted_shuffle", "affinity-shared", "weighted_shuffle-shared"}
 	sims := map[string][]*vllmsim.Server{}
 	for _, g := range groups {
 		_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: g, PlatformWide: true,
-			Routing: &adminv1.ModelGroupRouting{Strategy: g}}))
+			Routing: &adminv1.ModelGroupRouting{Strategy: strings.TrimSuffix(g, "-shared")}}))
 		require.NoError(b, err)
 		for range engines {
 			cfg := vllmsim.DefaultConfig()
@@ -65,7 +74,7 @@ func BenchmarkAffinity(b *testing.B) {
 	var ps []*harness.Proxy
 	for range proxies {
 		p := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitsCallTimeout = 5 * time.Second })
-		harness.Eventually(b, func() bool { return len(p.DP.Catalog().Deployments(groups[1])) == engines }, 10*time.Second, 10*time.Millisecond)
+		harness.Eventually(b, func() bool { return len(p.DP.Catalog().Deployments(groups[len(groups)-1])) == engines }, 10*time.Second, 10*time.Millisecond)
 		ps = append(ps, p)
 	}
 	send := func(p *harness.Proxy, group, session string, msgs []map[string]string) (int, error) {
@@ -99,7 +108,30 @@ func BenchmarkAffinity(b *testing.B) {
 		hit, tokensPerSec, imbalance float64
 		wall                         time.Duration
 	}
+	// The conversation of loop l, turn by turn: the system prompt (the
+	// loop's own, or the one every loop shares), then per turn an
+	// observation and the answer resent.
+	const system = "Follow the tool protocol exactly and report every observation. "
+	systemOf := func(shared bool, l int) string {
+		if shared {
+			return "You are a coding agent. " + strings.Repeat(system, 50)
+		}
+		return fmt.Sprintf("You are agent %d. ", l) + strings.Repeat(system, 50)
+	}
+	userOf := func(shared bool, l, turn int) string {
+		msg := fmt.Sprintf("observation %d: %s", turn, strings.Repeat("the build log shows a warning ", 40))
+		if shared && turn == 0 {
+			msg = fmt.Sprintf("You are agent %d. ", l) + msg
+		}
+		return msg
+	}
+	answerOf := func(turn int) string { return fmt.Sprintf("step %d done", turn) }
+	for _, shared := range []bool{false, true} {
+		c := affinityCeiling(loops, turns, engines, shared, systemOf, userOf, answerOf)
+		b.Logf("variant %s: hit ratio ceiling %.3f (every turn of a loop on one engine that kept its prefix: %s)", variantName(shared), c.ratio, c.why)
+	}
 	run := func(group string) result {
+		shared := strings.HasSuffix(group, "-shared")
 		ss := sims[group]
 		before := make([]vllmsim.Stats, len(ss))
 		for i, s := range ss {
@@ -137,15 +169,15 @@ func BenchmarkAffinity(b *testing.B) {
 				defer wg.Done()
 				time.Sleep(time.Duration(l) * stagger)
 				session := fmt.Sprintf("%s-agent-%d", group, l)
-				msgs := []map[string]string{{"role": "system", "content": fmt.Sprintf("You are agent %d. ", l) + strings.Repeat("Follow the tool protocol exactly and report every observation. ", 50)}}
+				msgs := []map[string]string{{"role": "system", "content": systemOf(shared, l)}}
 				for turn := range turns {
-					msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("observation %d: %s", turn, strings.Repeat("the build log shows a warning ", 40))})
+					msgs = append(msgs, map[string]string{"role": "user", "content": userOf(shared, l, turn)})
 					code, err := send(ps[(l+turn)%proxies], group, session, msgs)
 					if err != nil || code != http.StatusOK {
 						errs <- fmt.Errorf("loop %d turn %d: status %d, %w", l, turn, code, err)
 						return
 					}
-					msgs = append(msgs, map[string]string{"role": "assistant", "content": fmt.Sprintf("step %d done", turn)})
+					msgs = append(msgs, map[string]string{"role": "assistant", "content": answerOf(turn)})
 				}
 			}()
 		}
@@ -177,20 +209,87 @@ func BenchmarkAffinity(b *testing.B) {
 		if sum > 0 {
 			r.imbalance = peak / (sum / float64(len(ss)))
 		}
-		b.Logf("%s: %d loops × %d turns in %s, prefix cache hit ratio %.3f, agent tokens/s %.0f, in-flight max/mean per engine %.2f (prompt tokens per engine %s)",
-			group, loops, turns, wall.Round(time.Millisecond), r.hit, r.tokensPerSec, r.imbalance, strings.Join(per, "/"))
+		b.Logf("%s (variant %s): %d loops × %d turns in %s, prefix cache hit ratio %.3f, agent tokens/s %.0f, in-flight max/mean per engine %.2f (prompt tokens per engine %s)",
+			group, variantName(shared), loops, turns, wall.Round(time.Millisecond), r.hit, r.tokensPerSec, r.imbalance, strings.Join(per, "/"))
 		return r
 	}
 	b.ResetTimer()
 	for range b.N {
-		aff := run("affinity")
-		shuf := run("weighted_shuffle")
-		b.ReportMetric(aff.hit, "hit_ratio_affinity")
-		b.ReportMetric(shuf.hit, "hit_ratio_shuffle")
-		b.ReportMetric(aff.tokensPerSec/shuf.tokensPerSec, "tokens/s_affinity/shuffle")
-		b.ReportMetric(aff.imbalance, "inflight_max/mean_affinity")
-		b.ReportMetric(shuf.imbalance, "inflight_max/mean_shuffle")
-		b.Logf("affinity vs weighted_shuffle (same run): hit ratio %.3f vs %.3f, agent tokens/s %.0f vs %.0f (%.2f×), in-flight max/mean %.2f vs %.2f",
-			aff.hit, shuf.hit, aff.tokensPerSec, shuf.tokensPerSec, aff.tokensPerSec/shuf.tokensPerSec, aff.imbalance, shuf.imbalance)
+		for _, shared := range []bool{false, true} {
+			suffix, name := "", variantName(shared)
+			if shared {
+				suffix = "-shared"
+			}
+			aff := run(strategies[0] + suffix)
+			shuf := run(strategies[1] + suffix)
+			metric := func(m string) string {
+				if shared {
+					return m + "_shared"
+				}
+				return m
+			}
+			b.ReportMetric(aff.hit, metric("hit_ratio_affinity"))
+			b.ReportMetric(shuf.hit, metric("hit_ratio_shuffle"))
+			b.ReportMetric(aff.tokensPerSec/shuf.tokensPerSec, metric("tokens/s_affinity/shuffle"))
+			b.ReportMetric(aff.imbalance, metric("inflight_max/mean_affinity"))
+			b.ReportMetric(shuf.imbalance, metric("inflight_max/mean_shuffle"))
+			b.Logf("variant %s, affinity vs weighted_shuffle (same run): hit ratio %.3f vs %.3f, agent tokens/s %.0f vs %.0f (%.2f×), in-flight max/mean %.2f vs %.2f",
+				name, aff.hit, shuf.hit, aff.tokensPerSec, shuf.tokensPerSec, aff.tokensPerSec/shuf.tokensPerSec, aff.imbalance, shuf.imbalance)
+		}
 	}
+}
+
+func variantName(shared bool) string {
+	if shared {
+		return "shared"
+	}
+	return "agent-id"
+}
+
+// ceiling is a variant's prefix cache hit ratio ceiling.
+type ceiling struct {
+	ratio float64
+	why   string
+}
+
+// affinityCeiling is the hit ratio (cached prompt tokens ÷ prompt
+// tokens, as the engines count them) of the best routing of the bench's
+// loops: every turn of a loop on one engine whose cache kept everything.
+// The simulator's chat template (ChatML) is prefix-stable, so turn t's
+// prompt starts with the whole prompt of turn t-1, of which the engine
+// reuses the whole 16-token blocks (vLLM never reuses a prompt's last
+// token: P(t-1) < P(t) here); the rest of turn t (the answer resent, the
+// new observation, the template around them) is new. A loop's first turn
+// is cold, except in the shared variant on an engine that already served
+// another loop's first turn: there its whole-block part of the shared
+// system prompt hits (one cold system prompt per engine, the best case).
+func affinityCeiling(loops, turns, engines int, shared bool, systemOf func(bool, int) string, userOf func(bool, int, int) string, answerOf func(int) string) ceiling {
+	const block = vllmsim.DefaultBlockSize
+	whole := func(n int) int { return n / block * block }
+	msg := func(role, text string) string { return "<|im_start|>" + role + "\n" + text + "<|im_end|>\n" }
+	var prompt, cached, firstP, laterNew int
+	for l := range loops {
+		conv := msg("system", systemOf(shared, l))
+		prev := 0
+		for turn := range turns {
+			conv += msg("user", userOf(shared, l, turn))
+			p := vllmsim.CountTokens(conv + "<|im_start|>assistant\n")
+			prompt += p
+			switch {
+			case turn > 0:
+				cached += whole(prev)
+				laterNew += p - whole(prev)
+			case shared && l >= engines:
+				cached += whole(vllmsim.CountTokens(msg("system", systemOf(shared, l))))
+			}
+			if turn == 0 && l == 0 {
+				firstP = p
+			}
+			prev = p
+			conv += msg("assistant", answerOf(turn))
+		}
+	}
+	r := float64(cached) / float64(prompt)
+	return ceiling{r, fmt.Sprintf("%d prompt tokens, %d cached; a first turn %d tokens, a later turn %d new tokens on average",
+		prompt, cached, firstP, laterNew/(loops*(turns-1)))}
 }
