@@ -168,6 +168,10 @@ type Lookup struct {
 	// Sessions are the live sessions (pinned or being placed) of the
 	// session sets asked (SessionsKey), in order (-1: unknown).
 	Sessions []int64
+	// Member reports, per session set asked, whether the pin key Keys.Pin
+	// is a live member of it (the session is counted there: placed while
+	// its first turn runs, or pinned by a write not read yet).
+	Member []bool
 }
 
 // SessionsComplete reports whether every session count asked was
@@ -224,7 +228,8 @@ type Keys struct {
 	Prefill      []string
 	PrefillField string
 	// Sessions are session sets (SessionsKey) whose live members are
-	// counted.
+	// counted; with a Pin, whether the pin key is a live member of each
+	// is read too (Lookup.Member).
 	Sessions []string
 }
 
@@ -272,6 +277,7 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 		out.Prefill[i] = -1
 	}
 	if len(k.Sessions) > 0 {
+		out.Member = make([]bool, len(k.Sessions))
 		out.Sessions = make([]int64, len(k.Sessions))
 		for i := range out.Sessions {
 			out.Sessions[i] = -1
@@ -294,8 +300,12 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 			pfs[i] = pipe.HGet(ctx, key, k.PrefillField)
 		}
 		sess := make([]*redis.IntCmd, len(k.Sessions))
+		mem := make([]*redis.FloatCmd, len(k.Sessions))
 		for i, key := range k.Sessions {
 			sess[i] = pipe.ZCount(ctx, key, nowMS, "+inf")
+			if k.Pin != "" {
+				mem[i] = pipe.ZScore(ctx, key, k.Pin)
+			}
 		}
 		_, _ = pipe.Exec(ctx)
 		var errs []error
@@ -335,6 +345,11 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 			} else {
 				errs = append(errs, err)
 			}
+			if mem[i] != nil {
+				if v, err := mem[i].Result(); err == nil {
+					out.Member[i] = v > float64(now.UnixMilli())
+				}
+			}
 		}
 		return out, errors.Join(errs...)
 	}
@@ -350,6 +365,9 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 	}
 	for _, key := range k.Sessions {
 		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZCOUNT", key, nowMS, "+inf"}})
+		if k.Pin != "" {
+			cmds = append(cmds, redispipe.Cmd{Args: []any{"ZSCORE", key, k.Pin}})
+		}
 	}
 	vals, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
 	var bad []error
@@ -395,12 +413,20 @@ func (s *Store) LookupKeys(ctx context.Context, k Keys, now time.Time) (Lookup, 
 	vals, errs = vals[len(k.Prefill):], errs[len(k.Prefill):]
 	for i := range k.Sessions {
 		switch {
-		case errs[i] != nil:
-			bad = append(bad, errs[i])
-		case vals[i].Kind == ':':
-			out.Sessions[i] = vals[i].Int
+		case errs[0] != nil:
+			bad = append(bad, errs[0])
+		case vals[0].Kind == ':':
+			out.Sessions[i] = vals[0].Int
 		default:
-			bad = append(bad, fmt.Errorf("affinity: ZCOUNT answered kind %q", vals[i].Kind))
+			bad = append(bad, fmt.Errorf("affinity: ZCOUNT answered kind %q", vals[0].Kind))
+		}
+		vals, errs = vals[1:], errs[1:]
+		if k.Pin != "" {
+			if errs[0] == nil && vals[0].Kind == '$' {
+				score, _ := strconv.ParseFloat(vals[0].Str, 64)
+				out.Member[i] = score > float64(now.UnixMilli())
+			}
+			vals, errs = vals[1:], errs[1:]
 		}
 	}
 	return out, errors.Join(bad...)

@@ -220,6 +220,7 @@ func testStoreSessions(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalCl
 	require.Equal(t, "d1", got.Pinned)
 	require.Equal(t, Turn{Deployment: "d1", Prompt: 10, Completion: 2, Estimate: 9}, got.Turn)
 	require.Equal(t, []int64{2, 1}, got.Sessions)
+	require.Equal(t, []bool{true, false}, got.Member, "s1 counts on d1")
 	require.True(t, got.SessionsComplete())
 	n, err := rdb.ZScore(ctx, d1, "old").Result()
 	require.ErrorIs(t, err, redis.Nil, "trimmed: %v", n)
@@ -230,9 +231,10 @@ func testStoreSessions(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalCl
 	require.NoError(t, s.PinSession(ctx, k2, "d2", time.Hour, SessionWrite{Sessions: d2, Placed: d1}, now))
 	// s3's turn failed: its placement is withdrawn.
 	require.NoError(t, s.Unplace(ctx, d2, k3))
-	got, err = s.LookupKeys(ctx, Keys{Sessions: []string{d1, d2}}, now)
+	got, err = s.LookupKeys(ctx, Keys{Pin: k2, Sessions: []string{d1, d2}}, now)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 1}, got.Sessions)
+	require.Equal(t, []bool{false, true}, got.Member, "s2 moved to d2")
 	// Later than every score: nothing live.
 	got, err = s.LookupKeys(ctx, Keys{Sessions: []string{d1, d2}}, now.Add(2*time.Hour))
 	require.NoError(t, err)

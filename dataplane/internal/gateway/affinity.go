@@ -291,7 +291,9 @@ func (x *exchange) orderByStrategy(cat *catalog.Catalog, cands []candidate) []ca
 // of the session) by their live sessions per unit of weight, then their
 // in-flight requests per unit of weight (loaded, in the order of the
 // candidates given to orderByStrategy), keeping the rendezvous order
-// between equals: new sessions spread evenly over the fleet whatever
+// between equals, except that a candidate the session already counts on
+// comes first (its first turn still runs there, or its pin's write has
+// not been read yet: a concurrent or quick next turn must not move it): new sessions spread evenly over the fleet whatever
 // their sessions' timing (a session between turns has nothing in flight
 // but comes back). Only when the lookup answered every session count;
 // otherwise out is kept (rendezvous with bounded load on the loads).
@@ -301,8 +303,12 @@ func (x *exchange) bySessions(out []candidate, loaded []routing.Loaded, res affi
 		return out
 	}
 	sess := make(map[string]int64, len(a.sessionIDs))
+	member := ""
 	for i, id := range a.sessionIDs {
 		sess[id] = res.Sessions[i]
+		if i < len(res.Member) && res.Member[i] && member == "" {
+			member = id
+		}
 	}
 	load := make(map[string]int64, len(loaded))
 	for _, l := range loaded {
@@ -315,6 +321,15 @@ func (x *exchange) bySessions(out []candidate, loaded []routing.Loaded, res affi
 	}
 	a.placing = true
 	slices.SortStableFunc(out, func(p, q candidate) int {
+		// The session already counts there (placed while an earlier turn
+		// ran, or pinned by a write this lookup did not see yet): it
+		// stays.
+		if pm, qm := p.d.GetId() == member, q.d.GetId() == member; pm != qm {
+			if pm {
+				return -1
+			}
+			return 1
+		}
 		wp, wq := int64(max(p.d.GetWeight(), 1)), int64(max(q.d.GetWeight(), 1))
 		if c := cmp.Compare(sess[p.d.GetId()]*wq, sess[q.d.GetId()]*wp); c != 0 {
 			return c

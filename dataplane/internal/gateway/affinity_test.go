@@ -245,7 +245,7 @@ func TestNewSessionCountedWhileFirstTurnRuns(t *testing.T) {
 			d.ApiBase = g2.url
 		}
 	})
-	done := make(chan int, 1)
+	done := make(chan int, 2)
 	go func() {
 		resp := ae.post("/v1/chat/completions", ae.tok, chatBody("g", `"stream":true`), "x-session-id", "s-held")
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -261,9 +261,42 @@ func TestNewSessionCountedWhileFirstTurnRuns(t *testing.T) {
 	waitFor(t, "the held session counted on "+req.up.name, func() bool { return sessions(req.up.name) == 1 })
 	require.Empty(t, ae.pin("s-held"), "no pin before the turn ends")
 	require.Zero(t, sessions(map[string]string{"d1": "d2", "d2": "d1"}[req.up.name]))
-	req.firstToken()
-	req.finish()
-	require.Equal(t, http.StatusOK, <-done)
+	// A second turn while the first runs (no pin yet) joins it, though
+	// its engine now counts one session and the other none.
+	go func() {
+		resp := ae.post("/v1/chat/completions", ae.tok, chatBody("g", `"stream":true`), "x-session-id", "s-held")
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	req2 := nextOf(t, g1, g2)
+	require.Equal(t, req.up.name, req2.up.name, "the session's second turn moved")
+	for _, r := range []*gatedReq{req, req2} {
+		r.firstToken()
+		r.finish()
+		require.Equal(t, http.StatusOK, <-done)
+	}
 	ae.waitPin("s-held", req.up.name)
 	require.Equal(t, int64(1), sessions(req.up.name))
+}
+
+// No cost on the plain path: agent requests (affinity) without a session
+// or a long prefix send the affinity store nothing at all (counted at a
+// relay in front of its Redis; the limits keep their own connection),
+// with several candidates whose fleet-wide loads exist; a session or a
+// long prefix does send its lookup through the same relay.
+func TestPlainPathNoAffinityRedis(t *testing.T) {
+	relay := startSlowRelay(t)
+	ae := newAffinityEnvVia(t, relay.addr(), slowCallTimeout, func(d *configv1.Deployment) { d.MaxConcurrency = 16 })
+	ae.setClass(configv1.TrafficClass_TRAFFIC_CLASS_AGENT)
+	before := relay.sent.Load()
+	for range 10 {
+		require.Equal(t, reasonShuffle, ae.call(chatBody("g", "")).RoutingReason)
+	}
+	require.Equal(t, before, relay.sent.Load(), "a plain request sent the affinity store a command")
+	require.Equal(t, reasonPrefix, ae.call(longPrefixBody("q")).RoutingReason)
+	require.Greater(t, relay.sent.Load(), before, "the relay is the affinity store's path")
+	at := relay.sent.Load()
+	ae.call(chatBody("g", ""), "x-session-id", "s-plain")
+	require.Greater(t, relay.sent.Load(), at)
 }

@@ -23,6 +23,8 @@ import (
 type slowRelay struct {
 	ln    net.Listener
 	delay atomic.Int64 // ns
+	// sent counts the bytes relayed to Redis (the commands).
+	sent  atomic.Int64
 	done  chan struct{}
 	mu    sync.Mutex
 	conns []net.Conn
@@ -87,6 +89,9 @@ func (r *slowRelay) pump(dst, src net.Conn, delayed bool) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
+				if !delayed {
+					r.sent.Add(int64(n))
+				}
 				c := chunk{b: buf[:n], at: time.Now()}
 				if delayed {
 					c.at = c.at.Add(time.Duration(r.delay.Load()))
