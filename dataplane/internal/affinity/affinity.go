@@ -13,6 +13,13 @@
 // gateway runs it concurrently with the admission (limits) call: a
 // request with a session or a long prefix adds no sequential round trip
 // before forwarding, and a request with neither sends no command at all.
+//
+// Each deployment's live sessions (SessionsKey: the pin keys, scored by
+// their pin's expiry) are counted in the same lookup for a request with
+// a session, and written in the same call as the pin (PinSession), so a
+// new session is placed fleet-wide on the sessions each deployment
+// holds, not only on what is in flight; a new session counts from its
+// placement (Place) while its first turn runs.
 package affinity
 
 import (
