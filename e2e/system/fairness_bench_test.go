@@ -60,7 +60,12 @@ func BenchmarkAgentFairness(b *testing.B) {
 	for range fairProxies {
 		// Started before the orgs exist: their creation bootstraps the
 		// limits epoch (no startup quarantine of their scopes).
-		proxies = append(proxies, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitsCallTimeout = 2 * time.Second }))
+		// The agent queue's timeout is above the window: the big team's
+		// loops wait longer than the default minute for their share, and
+		// the scenario is about the share, not shedding.
+		proxies = append(proxies, d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
+			c.LimitsCallTimeout, c.AdmissionQueues = 2*time.Second, "agent=1024/5m0s"
+		}))
 	}
 	var sims []*vllmsim.Server
 	m := d.modelClient()
