@@ -273,3 +273,63 @@ func TestClientDisconnectSettlesOnceEveryProtocol(t *testing.T) {
 	})
 	require.Zero(t, total, "a request has two ledger rows")
 }
+
+// TestResponsesFollowUpsAcrossProxies: the response id → deployment record
+// lives in Redis, so a conversation whose turns a load balancer spreads
+// over two proxies stays on the engine holding it (3 engines; every turn,
+// through either proxy, is served by the first turn's deployment; another
+// engine would answer 404 from its own store). Six conversations run,
+// one after another, started on either proxy.
+func TestResponsesFollowUpsAcrossProxies(t *testing.T) {
+	t.Parallel()
+	d := startDist(t)
+	ps := []*proxy{d.StartProxy("default", time.Minute), d.StartProxy("default", time.Minute)}
+	ctx := context.Background()
+	m := d.modelClient()
+	_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: "agents", PlatformWide: true}))
+	require.NoError(t, err)
+	for range 3 {
+		_, err := m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{
+			ModelGroup: "agents", ApiBase: startSim(t).URL() + "/v1", UpstreamModel: vllmsim.DefaultModel, Weight: 1, Free: true,
+			Capabilities: &adminv1.Capabilities{Protocols: []string{"openai_responses"}}}))
+		require.NoError(t, err)
+	}
+	ten := d.NewTenant("agents-x")
+	for _, p := range ps {
+		harness.Eventually(t, func() bool { return len(p.DP.Catalog().Deployments("agents")) == 3 }, 10*time.Second, 10*time.Millisecond)
+		harness.WaitStatus(t, p, ten.Token, http.StatusOK, 10*time.Second)
+	}
+	clients := []openai.Client{
+		openai.NewClient(option.WithBaseURL(ps[0].URL+"/v1"), option.WithAPIKey(ten.Token), option.WithMaxRetries(0)),
+		openai.NewClient(option.WithBaseURL(ps[1].URL+"/v1"), option.WithAPIKey(ten.Token), option.WithMaxRetries(0)),
+	}
+	depOf := func(hr *http.Response) string {
+		var dep string
+		harness.Eventually(t, func() bool {
+			if row := d.spendRows(t)[hr.Header.Get(dataplane.RequestIDHeader)]; row != nil {
+				dep = row.dep
+			}
+			return dep != ""
+		}, 15*time.Second, 50*time.Millisecond, "no ledger row")
+		return dep
+	}
+	homes := map[string]bool{}
+	for conv := range 6 {
+		rp := responses.ResponseNewParams{Model: "agents", MaxOutputTokens: openai.Int(8),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Plan the refactor.")}}
+		var hr *http.Response
+		first, err := clients[conv%2].Responses.New(ctx, rp, option.WithResponseInto(&hr))
+		require.NoError(t, err)
+		home := depOf(hr)
+		homes[home] = true
+		prev := first.ID
+		for turn := range 4 {
+			rp.PreviousResponseID = openai.String(prev)
+			next, err := clients[(conv+turn+1)%2].Responses.New(ctx, rp, option.WithResponseInto(&hr))
+			require.NoError(t, err, "conversation %d turn %d", conv, turn)
+			require.Equal(t, home, depOf(hr), "conversation %d turn %d left its engine", conv, turn)
+			prev = next.ID
+		}
+	}
+	t.Logf("6 conversations over %d of the 3 engines", len(homes))
+}
