@@ -69,8 +69,8 @@ func (c *classProbe) wrap(next http.Handler) http.Handler {
 // TestClassCapsHoldUnderLoad: issue 12, "Caps hold fleet-wide". One engine
 // (max_num_seqs 4, priority scheduling) of a deployment with
 // max_concurrency 4, interactive_reserve 2 and batch_max_concurrency 1,
-// behind 3 proxies; 2 agent and 10 batch closed loops (more than the
-// caps) spread over the proxies, and a chat every 100 ms. The engine never
+// behind 3 proxies; 2 agent closed loops of one org and 10 batch loops of
+// another (more than the caps) spread over the proxies, and a chat every 100 ms. The engine never
 // sees more than 2 agent+batch requests in flight, nor more than 1 batch;
 // every chat is served, and none waited in an admission queue: it always
 // found a reserved slot.
@@ -105,7 +105,12 @@ func TestClassCapsHoldUnderLoad(t *testing.T) {
 		Traffic: &adminv1.DeploymentTraffic{InteractiveReserve: 2, BatchMaxConcurrency: 1, PriorityScheduling: true}}))
 	require.NoError(t, err)
 	ten := d.NewTenant("caps")
+	other := d.NewTenant("caps-other") // the batch loops' org: the caps are the deployment's, across orgs
 	key := func(c adminv1.TrafficClass) string {
+		ten := ten
+		if c == adminv1.TrafficClass_TRAFFIC_CLASS_BATCH {
+			ten = other
+		}
 		k, err := d.Clients().Key.CreateKey(ctx, connect.NewRequest(&adminv1.CreateKeyRequest{OrgId: ten.OrgID, TeamId: ten.TeamID, UserId: ten.UserID, TrafficClass: c}))
 		require.NoError(t, err)
 		return k.Msg.Token
