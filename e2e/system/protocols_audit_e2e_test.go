@@ -333,3 +333,52 @@ func TestResponsesFollowUpsAcrossProxies(t *testing.T) {
 	}
 	t.Logf("6 conversations over %d of the 3 engines", len(homes))
 }
+
+// TestAgentProtocolTools: issue 16's "tools" on both agent protocols
+// through the stock SDKs: a request carrying tools is served by a group
+// whose deployment declares the tools capability, and refused 400
+// unsupported_parameter (param tools) in the protocol's shape by a group
+// whose deployment does not.
+func TestAgentProtocolTools(t *testing.T) {
+	t.Parallel()
+	d := startDist(t)
+	p := d.StartProxy("default", time.Minute)
+	sim := startSim(t)
+	ctx := context.Background()
+	m := d.modelClient()
+	for g, tools := range map[string]bool{"tooly": true, "plain": false} {
+		_, err := m.CreateModelGroup(ctx, connect.NewRequest(&adminv1.CreateModelGroupRequest{Name: g, PlatformWide: true}))
+		require.NoError(t, err)
+		_, err = m.CreateDeployment(ctx, connect.NewRequest(&adminv1.CreateDeploymentRequest{
+			ModelGroup: g, ApiBase: sim.URL() + "/v1", UpstreamModel: vllmsim.DefaultModel, Weight: 1, Free: true,
+			Capabilities: &adminv1.Capabilities{Tools: tools, Protocols: []string{"anthropic_messages", "openai_responses"}}}))
+		require.NoError(t, err)
+	}
+	ten := d.NewTenant("tools")
+	harness.Eventually(t, func() bool { return len(p.DP.Catalog().Deployments("plain")) == 1 }, 10*time.Second, 10*time.Millisecond)
+	harness.WaitStatus(t, p, ten.Token, http.StatusOK, 10*time.Second)
+	ac := anthropic.NewClient(aoption.WithBaseURL(p.URL), aoption.WithAPIKey(ten.Token), aoption.WithMaxRetries(0))
+	oc := openai.NewClient(option.WithBaseURL(p.URL+"/v1"), option.WithAPIKey(ten.Token), option.WithMaxRetries(0))
+	message := func(g string) error {
+		_, err := ac.Messages.New(ctx, anthropic.MessageNewParams{Model: anthropic.Model(g), MaxTokens: 8,
+			Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Run the tests."))},
+			Tools: []anthropic.ToolUnionParam{{OfTool: &anthropic.ToolParam{Name: "run_tests",
+				InputSchema: anthropic.ToolInputSchemaParam{Properties: map[string]any{"pkg": map[string]any{"type": "string"}}}}}}})
+		return err
+	}
+	respond := func(g string) error {
+		_, err := oc.Responses.New(ctx, responses.ResponseNewParams{Model: g, MaxOutputTokens: openai.Int(8),
+			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("Run the tests.")},
+			Tools: []responses.ToolUnionParam{{OfFunction: &responses.FunctionToolParam{Name: "run_tests",
+				Parameters: map[string]any{"type": "object", "properties": map[string]any{"pkg": map[string]any{"type": "string"}}}}}}})
+		return err
+	}
+	for name, call := range map[string]func(string) error{"messages": message, "responses": respond} {
+		require.NoError(t, call("tooly"), name)
+		e := sdkErrOf(t, call("plain"))
+		require.Equal(t, http.StatusBadRequest, e.status, "%s: %s", name, e.rawJSON)
+		require.Equal(t, "unsupported_parameter", e.code, "%s: %s", name, e.rawJSON)
+		require.Equal(t, "invalid_request_error", e.typ, "%s: %s", name, e.rawJSON)
+		require.Contains(t, e.rawJSON, "tools", name)
+	}
+}
