@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 15m
 GOLANGCI_LINT_VERSION := v2.15.0
 LINT_BIN := $(HOME)/.cache/sluice-tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/bin
 
-.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-usage bench-affinity bench-brownout fmt console-screenshots
+.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-fairness bench-usage bench-affinity bench-brownout fmt console-screenshots
 
 all: build
 
@@ -121,6 +121,11 @@ bench-limits: services
 ## Scaled by SLUICE_BENCH_AGENTS, SLUICE_BENCH_WARMUP, SLUICE_BENCH_WINDOW, SLUICE_BENCH_IDLE.
 bench-humans-agents: services
 	$(GO) test -run '^$$' -bench '^BenchmarkHumansAgents$$' -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-fairness: two agent teams (10× the loops, 4× the prompts) backlogged for 60 s on 2 vllm-sim engines behind
+## 3 proxies (docs/traffic.md, "Fairness within a class"): served token cost ratio (≤ 1.25), Jain index, engine occupancy (≥ 95 %).
+bench-fairness: services
+	$(GO) test -run '^$$' -bench '^BenchmarkAgentFairness$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
 ## bench-affinity: prefix-cache hit ratio, agent tokens/s and in-flight balance, affinity vs weighted_shuffle,
 ## per-agent and shared system prompts, in one run (docs/routing.md, "Measured"): 16 agent loops, 4 vllm-sim engines, 3 proxies.

@@ -322,7 +322,7 @@ func (q *Queues) Wait(ctx context.Context, group string, c configv1.TrafficClass
 	q.mu.Lock()
 	g := q.group(group)
 	if int64(len(g.waiting[r])) >= b.MaxLength {
-		ra := g.retryAfter(len(g.waiting[r])+1, b, hint)
+		ra := g.retryAfter(g.above(r)+len(g.waiting[r])+1, b, hint)
 		q.rejected[r]++
 		q.mu.Unlock()
 		q.m.Rejected.WithLabelValues(classify.Name(c), ShedFull).Inc()
@@ -337,8 +337,14 @@ func (q *Queues) Wait(ctx context.Context, group string, c configv1.TrafficClass
 	q.mu.Unlock()
 	q.m.Depth.WithLabelValues(classify.Name(c)).Inc()
 	defer q.m.Depth.WithLabelValues(classify.Name(c)).Dec()
-	leave := func(admitted bool) {
+	// leave removes w from the queue; locked, if set, runs first under the
+	// same lock (a shed's retry-after sees w's place before it is gone,
+	// and no waiter leaving at the same moment in between).
+	leave := func(admitted bool, locked func()) {
 		q.mu.Lock()
+		if locked != nil {
+			locked()
+		}
 		s := g.waiting[r]
 		for i, x := range s {
 			if x == w {
@@ -385,7 +391,7 @@ func (q *Queues) Wait(ctx context.Context, group string, c configv1.TrafficClass
 		if head {
 			ok, stop := try()
 			if ok || stop {
-				leave(ok)
+				leave(ok, nil)
 				if ok {
 					q.m.Admitted.WithLabelValues(classify.Name(c), "queued").Inc()
 				}
@@ -396,27 +402,55 @@ func (q *Queues) Wait(ctx context.Context, group string, c configv1.TrafficClass
 		case <-wake:
 		case <-tick.C:
 		case <-deadline.C:
-			q.mu.Lock()
-			ra := g.retryAfter(len(g.waiting[r]), b, hint)
-			q.rejected[r]++
-			q.mu.Unlock()
-			leave(false)
+			var ra time.Duration
+			leave(false, func() {
+				ra = g.retryAfter(g.position(w), b, hint)
+				q.rejected[r]++
+			})
 			q.m.Rejected.WithLabelValues(classify.Name(c), ShedTimeout).Inc()
 			return &Shed{Reason: ShedTimeout, RetryAfter: ra}, nil
 		case <-ctx.Done():
-			leave(false)
+			leave(false, nil)
 			return nil, ctx.Err()
 		}
 	}
 }
 
+// above is the number of waiters of classes higher than rank r: strict
+// priority serves them first.
+func (g *groupQueue) above(r int) int {
+	n := 0
+	for hr := 0; hr < r; hr++ {
+		n += len(g.waiting[hr])
+	}
+	return n
+}
+
+// position is w's 1-based place in line: the waiters of higher classes,
+// then those of its class that arrived before it (first come, first served
+// within a team; across teams the fair order may differ, so it is an
+// estimate).
+func (g *groupQueue) position(w *waiter) int {
+	pos := g.above(w.r) + 1
+	for _, x := range g.waiting[w.r] {
+		if x == w {
+			break
+		}
+		pos++
+	}
+	return pos
+}
+
 // retryAfter estimates when a request at position pos (1-based) would
-// leave: pos times the observed interval between admissions from the
-// queue, else hint; at least 100 ms, at most the class's timeout.
+// leave: the queue admits one request every observed interval (EWMA of
+// the time between admissions), the next one interval after the last, so
+// pos × interval after the last admission, less the time since (at most
+// one interval: a queue that admitted nothing for longer is overdue, not
+// faster); else hint. At least 100 ms, at most the class's timeout.
 func (g *groupQueue) retryAfter(pos int, b Bound, hint time.Duration) time.Duration {
 	ra := hint
 	if g.interval > 0 {
-		ra = time.Duration(pos) * g.interval
+		ra = time.Duration(pos)*g.interval - min(time.Since(g.lastOut), g.interval)
 	}
 	return min(max(ra, 100*time.Millisecond), b.Timeout)
 }

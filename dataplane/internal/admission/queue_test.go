@@ -225,3 +225,29 @@ func TestFairShareWithinClass(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// TestRetryAfterFromPosition: a shed waiter's retry-after is its own place
+// in line (higher classes first, then its class's earlier arrivals) times
+// the drain interval, counted from the last admission (less the time
+// since, at most one interval), within [100 ms, timeout].
+func TestRetryAfterFromPosition(t *testing.T) {
+	t.Parallel()
+	g := &groupQueue{interval: 300 * time.Millisecond, lastOut: time.Now()}
+	hi, a1, a2, a3 := &waiter{r: 0}, &waiter{r: 1}, &waiter{r: 1}, &waiter{r: 1}
+	g.waiting[0] = []*waiter{hi}
+	g.waiting[1] = []*waiter{a1, a2, a3}
+	require.Equal(t, 1, g.position(hi))
+	require.Equal(t, 2, g.position(a1))
+	require.Equal(t, 3, g.position(a2), "behind the interactive waiter and a1, not the class's whole queue")
+	b := Bound{MaxLength: 10, Timeout: 5 * time.Second}
+	ra := g.retryAfter(g.position(a2), b, time.Second)
+	require.InDelta(t, float64(900*time.Millisecond), float64(ra), float64(50*time.Millisecond))
+	g.lastOut = time.Now().Add(-200 * time.Millisecond) // the next admission is due in 100 ms
+	ra = g.retryAfter(g.position(a2), b, time.Second)
+	require.InDelta(t, float64(700*time.Millisecond), float64(ra), float64(50*time.Millisecond))
+	g.lastOut = time.Now().Add(-time.Minute) // overdue: at most one interval off
+	require.Equal(t, 600*time.Millisecond, g.retryAfter(g.position(a2), b, time.Second))
+	require.Equal(t, 100*time.Millisecond, g.retryAfter(1, b, time.Second), "the floor")
+	require.Equal(t, 500*time.Millisecond, g.retryAfter(g.position(a3), Bound{MaxLength: 10, Timeout: 500 * time.Millisecond}, time.Second), "at most the timeout")
+	require.Equal(t, 2*time.Second, (&groupQueue{}).retryAfter(3, b, 2*time.Second), "no drain observed: the hint")
+}
