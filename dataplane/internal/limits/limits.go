@@ -404,6 +404,7 @@ type Limiter struct {
 	flights seedFlights
 	slices  *slicer // nil: slices off
 	keys    keyCache
+	admits  admitBatcher
 }
 
 // New validates cfg, applies defaults and returns a Limiter.
@@ -679,7 +680,8 @@ func (l *Limiter) admitExact(ctx context.Context, req Request, units []budget.Un
 	return l.admitSeeded(ctx, req, units, d)
 }
 
-// admitOnce is one call of admit.lua.
+// admitOnce admits req with admit.lua, in a call of its own or batched
+// with concurrent admissions of its org (admitbatch.go).
 func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
 	keys := l.callKeys(req.OrgID, req.RequestID, req.Scopes)
 	lease := &Lease{
@@ -698,50 +700,14 @@ func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Uni
 		lease.prefillScope = p.Scope + 1
 		lease.prefill.Store(p.Tokens)
 	}
-	args := newArgv()
-	defer args.release()
-	args.str(req.RequestID)
-	args.int(req.EstTokens)
-	args.int(req.MaxCostMicros)
-	args.int(ms(l.cfg.LeaseTTL))
-	args.int(ms(l.cfg.Quarantine))
-	args.int(ms(l.cfg.RecordTTL))
-	args.int(ms(l.cfg.ParallelRetryMax))
-	args.int(ms(l.cfg.rateWindow))
-	args.int(ms(l.cfg.rateBucket))
-	args.bool(lease.needs)
-	args.int(int64(len(req.Scopes)))
-	for i, s := range req.Scopes {
-		args.int(s.RPM)
-		args.int(s.TPM)
-		args.int(s.MaxParallel)
-		if s.Budget != nil {
-			args.int(s.Budget.CapMicros)
-			args.str(units[i].Unit)
-			args.int(units[i].N)
-		} else {
-			args.int(0)
-			args.str("-")
-			args.int(0)
-		}
-	}
-	lease.sweep.appendNote(args)
-	if p := req.Prefill; p != nil {
-		args.int(int64(p.Scope + 1))
-		args.int(p.Tokens)
-		args.int(p.Cap)
-	} else {
-		args.int(0)
-		args.int(0)
-		args.int(0)
-	}
-	vals, err := l.run(ctx, admitScript, "admit", keys, args)
+	j := &admitJob{req: &req, units: units, lease: lease}
+	vals, err := l.admits.do(ctx, l, j)
 	if err != nil {
 		// The call may still run in Redis after its deadline (a frozen or
 		// slow server has it queued): the lease lets the caller Settle it
 		// with zero usage, which either releases what it took or, settling
 		// first, leaves a tombstone that makes the late admission a no-op.
-		return Decision{Lease: lease}, err
+		return Decision{Lease: lease}, fmt.Errorf("limits admit: %w: %w", ErrUnavailable, err)
 	}
 	return toDecision(vals, req.Scopes, lease)
 }
