@@ -59,6 +59,10 @@ type orgAdmits struct {
 func (b *admitBatcher) do(ctx context.Context, l *Limiter, j *admitJob) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout)
 	defer cancel()
+	if l.cfg.admitUnbatched {
+		l.callAdmits(ctx, []*admitJob{j})
+		return j.vals, j.err
+	}
 	org := j.req.OrgID
 	b.mu.Lock()
 	if b.orgs == nil {

@@ -47,6 +47,7 @@ func TestClusterStore(t *testing.T) {
 		{"SweepSettlesALostRequest", TestSweepSettlesALostRequestWithItsLastReport}, {"SweepersRace", TestSweepersRace},
 		{"SweepAfterStateLoss", TestSweepAfterStateLoss},
 		{"SlicesZeroRoundTrips", TestSlicesZeroRoundTrips},
+		{"AdmitBatchConcurrencyCapExact", TestAdmitBatchConcurrencyCapExact},
 	} {
 		t.Run("cluster/"+tc.name, tc.f)
 	}

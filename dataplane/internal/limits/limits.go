@@ -395,6 +395,9 @@ type Config struct {
 	// rateWindow and rateBucket override the sliding window in tests.
 	rateWindow time.Duration
 	rateBucket time.Duration
+	// admitUnbatched makes every admission a call of its own (benchmarks
+	// compare it with batching).
+	admitUnbatched bool
 }
 
 // Limiter enforces limits in Redis. It is safe for concurrent use.

@@ -6,6 +6,8 @@ import (
 	"net"
 	"os/exec"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,6 +86,7 @@ func benchScriptsWith(b *testing.B, rep *Report, sliced bool) {
 	const group = 8
 	var adUs, stUs int64
 	c0, u0 := usec()
+	cpu0 := redisCPU(b, bd)
 	b.ResetTimer()
 	leases := make([]*Lease, 0, group)
 	for i := 0; i < b.N; {
@@ -103,6 +106,7 @@ func benchScriptsWith(b *testing.B, rep *Report, sliced bool) {
 	}
 	b.StopTimer()
 	c1, u1 := usec()
+	b.ReportMetric(float64(redisCPU(b, bd)-cpu0)/float64(b.N), "redis_cpu_us/request")
 	hk := newKeyBuilder(bd.prefix, bd.org).scope(&scopes[0])[0]
 	b.Logf("state hash of %s: %d fields, encoding %s", scopes[0].ID, bd.rdb.HLen(ctx, hk).Val(), bd.rdb.ObjectEncoding(ctx, hk).Val())
 	b.ReportMetric(float64(u1-u0)/float64(c1-c0), "redis_us/evalsha")
@@ -135,4 +139,68 @@ func startBenchRedis(b testing.TB) string {
 	require.True(b, testsvc.Until(func() bool { return c.Ping(context.Background()).Err() == nil }, 10*time.Second, 10*time.Millisecond),
 		"redis-server on %s did not answer", addr)
 	return addr
+}
+
+// BenchmarkScriptsConcurrent is BenchmarkScripts with 32 requests of the
+// org in flight at a time (each admitted, then settled on its own), with
+// admissions batched (admitbatch.go) and unbatched (one call each): what
+// the batching saves Redis per request.
+//
+//	go test -run '^$' -bench BenchmarkScriptsConcurrent -benchtime 5000x ./dataplane/internal/limits/
+func BenchmarkScriptsConcurrent(b *testing.B) {
+	for _, c := range []struct {
+		name      string
+		unbatched bool
+	}{{"batched", false}, {"unbatched", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			bd := setupAt(b, startBenchRedis(b), func(cfg *Config) {
+				cfg.rateWindow, cfg.rateBucket = 600*time.Millisecond, 10*time.Millisecond
+				cfg.admitUnbatched = c.unbatched
+			})
+			ctx := context.Background()
+			bud := func() *Budget { return &Budget{CapMicros: 1e12, Window: "30d"} }
+			scopes := []Scope{
+				{Kind: KindKey, ID: "k", RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+				{Kind: KindTeam, ID: "t", RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+				{Kind: KindOrg, ID: bd.org, RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+			}
+			var next atomic.Int64
+			run := func(n int64, prefix string) {
+				var wg sync.WaitGroup
+				for range 32 {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							i := next.Add(1)
+							if i > n {
+								return
+							}
+							d, err := bd.lim.Admit(ctx, bd.req(prefix+strconv.FormatInt(i, 10), 100, 1000, scopes...))
+							if err != nil || !d.Allowed {
+								b.Errorf("admit: %v %+v", err, d.Rejection)
+								return
+							}
+							if _, err := bd.lim.Settle(ctx, d.Lease, 90, 900); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+			}
+			run(2000, "w") // warm up: scripts loaded, windows full
+			next.Store(0)
+			c0, u0 := evalshaStats(b, bd)
+			cpu0 := redisCPU(b, bd)
+			b.ResetTimer()
+			run(int64(b.N), "r")
+			b.StopTimer()
+			c1, u1 := evalshaStats(b, bd)
+			b.ReportMetric(float64(redisCPU(b, bd)-cpu0)/float64(b.N), "redis_cpu_us/request")
+			b.ReportMetric(float64(u1-u0)/float64(b.N), "redis_us/request")
+			b.ReportMetric(float64(c1-c0)/float64(b.N), "evalsha/request")
+		})
+	}
 }
