@@ -797,8 +797,18 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 		lease.renewMu.Lock()
 		defer lease.renewMu.Unlock()
 	}
+	c := l.renewCall(lease)
+	defer c.args.release()
+	vals, err := l.run(ctx, renewScript, "renew", c.keys, c.args)
+	if err != nil {
+		return 0, err
+	}
+	return renewState(vals)
+}
+
+// renewCall builds the renew.lua call of lease.
+func (l *Limiter) renewCall(lease *Lease) scriptCall {
 	args := newArgv()
-	defer args.release()
 	args.str(lease.requestID)
 	args.int(lease.est)
 	args.int(lease.reserved)
@@ -816,14 +826,73 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	lease.sweep.appendNote(args)
 	args.int(int64(lease.prefillScope))
 	args.int(lease.prefill.Load())
-	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
-	if err != nil {
-		return 0, err
-	}
+	return scriptCall{keys: lease.keys, args: args}
+}
+
+// renewState maps renew.lua's result.
+func renewState(vals []int64) (RenewState, error) {
 	if len(vals) != 2 || vals[0] < 0 || vals[0] > 3 {
 		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
 	}
 	return RenewState(vals[0]), nil
+}
+
+// RenewItem is one renewal of a batch: a lease, and the report that
+// replaces its request's (RenewReport) when Report is set.
+type RenewItem struct {
+	Lease  *Lease
+	Report *Report
+}
+
+// RenewBatch renews several leases (as Renew, or RenewReport for items
+// with a Report): the plain renewals in one pipelined round trip, the
+// others (quota slices' local parts, prefill accounting) as Renew does.
+// Results and errors are per item.
+func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewState, []error) {
+	states := make([]RenewState, len(items))
+	errs := make([]error, len(items))
+	var calls []scriptCall
+	var idx []int
+	var wg sync.WaitGroup
+	for i, it := range items {
+		lease := it.Lease
+		if it.Report != nil && lease.sweep != nil {
+			lease.sweep.mu.Lock()
+			lease.sweep.rep = *it.Report
+			lease.sweep.mu.Unlock()
+		}
+		switch {
+		case lease.settled.Load():
+			states[i] = RenewSettled
+		case lease.localHold || lease.promote || lease.prefillScope > 0:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				states[i], errs[i] = l.Renew(ctx, lease)
+			}()
+		case !lease.needs:
+			states[i] = RenewExtended
+		default:
+			calls = append(calls, l.renewCall(lease))
+			idx = append(idx, i)
+		}
+	}
+	if len(calls) > 0 {
+		// One call timeout per 16 renewals, as for settlements.
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
+		vals, verrs := l.store.evalBatch(cctx, renewScript, calls)
+		cancel()
+		for k, i := range idx {
+			calls[k].args.release()
+			if verrs[k] != nil {
+				errs[i] = fmt.Errorf("limits renew: %w: %w", ErrUnavailable, verrs[k])
+				continue
+			}
+			states[i], errs[i] = renewState(vals[k])
+		}
+	}
+	wg.Wait()
+	return states, errs
 }
 
 // PrefillDone sets the lease's prefill contribution to 0 (its request
