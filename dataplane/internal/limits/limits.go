@@ -290,7 +290,7 @@ type Lease struct {
 	prefill      atomic.Int64
 	// renewMu orders the renewals of a lease with prefill accounting, so
 	// that a renewal asserting an older contribution never lands after
-	// one asserting a newer (PrefillDone racing the renewal timer).
+	// one asserting a newer (PrefillDone racing the renewal tick).
 	renewMu sync.Mutex
 }
 
