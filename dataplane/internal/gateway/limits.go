@@ -460,95 +460,51 @@ func (l *liveLeases) setDep(d *limits.Lease) {
 }
 
 // startRenewal renews the exchange's leases every RenewInterval until
-// stopRenewal. When no renewal succeeds for LeaseTTL − RenewInterval the
-// request is cancelled with errLeaseLost: its slots may have been given
-// away, and a request must not outlive its lease.
+// stopRenewal, on the handler's shared renewal tick (renewtick.go). When
+// no renewal succeeds for LeaseTTL − RenewInterval the request is
+// cancelled with errLeaseLost: its slots may have been given away, and a
+// request must not outlive its lease.
 func (x *exchange) startRenewal() {
 	lim := x.h.cfg.Limiter
 	if lim == nil || x.renewal != nil {
 		return
 	}
-	// A timer, not a goroutine: most requests end before the first
-	// renewal is due and then cost nothing here.
-	r := &renewal{x: x, lim: lim, interval: lim.RenewInterval(), ttl: lim.LeaseTTL(), lastOK: time.Now()}
+	r := &renewal{x: x, lastOK: time.Now()}
 	x.renewal = r
-	r.mu.Lock()
-	r.t = time.AfterFunc(r.interval, r.fire)
-	r.mu.Unlock()
+	x.h.renewals.add(r, lim)
 }
 
-// renewal renews an exchange's leases every interval until stopped, and
-// at once when kicked (a sweepable stream reporting its usage, lease.go).
-// Renewals never run concurrently: a kick during one runs another after it.
+// renewal is an exchange's place on the renewal tick: renewed every
+// interval until stopped, and at once when kicked (a sweepable stream
+// reporting its usage, lease.go). Renewals of one exchange never run
+// concurrently: the tick renews one batch at a time, and a kick during a
+// renewal runs another after it.
 type renewal struct {
-	x             *exchange
-	lim           *limits.Limiter
-	interval, ttl time.Duration
-	lastOK        time.Time
-	mu            sync.Mutex
-	t             *time.Timer
-	stopped       bool
-	firing, again bool
+	x *exchange
+	// Guarded by the tick's mutex.
+	due     time.Time
+	kicked  bool
+	stopped bool
+	// Only the tick's goroutine uses lastOK.
+	lastOK time.Time
 }
 
 // kick renews now (or right after the renewal in progress).
-func (r *renewal) kick() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case r.stopped:
-	case r.firing:
-		r.again = true
-	default:
-		r.t.Reset(0)
-	}
-}
+func (r *renewal) kick() { r.x.h.renewals.kick(r) }
 
-func (r *renewal) fire() {
-	r.mu.Lock()
-	if r.firing || r.stopped {
-		r.again = r.again || r.firing
-		r.mu.Unlock()
-		return
-	}
-	r.firing = true
-	r.mu.Unlock()
-	for {
-		live := r.renew()
-		r.mu.Lock()
-		if live && r.again && !r.stopped {
-			r.again = false
-			r.mu.Unlock()
-			continue
-		}
-		r.firing, r.again = false, false
-		if live && !r.stopped {
-			r.t.Reset(r.interval)
-		}
-		r.mu.Unlock()
-		return
-	}
-}
-
-// renew renews every live lease once (the admission's with the request's
-// report) and reports false when it aborted the request.
-func (r *renewal) renew() bool {
+// renewed handles the outcome of one renewal of the exchange's leases
+// (the admission's with the request's report), states[i] and errs[i] for
+// leases[i], and reports false when it aborted the request.
+func (r *renewal) renewed(leases []*limits.Lease, states []limits.RenewState, errs []error, interval, ttl time.Duration) bool {
 	x := r.x
 	ok := true
-	for _, l := range x.leases.snapshot() {
-		var st limits.RenewState
-		var err error
-		if l == x.lease && l.Sweepable() {
-			st, err = r.lim.RenewReport(context.Background(), l, x.report(time.Now()))
-		} else {
-			st, err = r.lim.Renew(context.Background(), l)
-		}
-		if err != nil {
+	for i := range leases {
+		if errs[i] != nil {
 			ok = false
 			x.h.m.limitsUnavailable.WithLabelValues("renew").Inc()
 			continue
 		}
-		switch st {
+		switch states[i] {
 		case limits.RenewReasserted:
 			x.h.m.leasesReasserted.Inc()
 		case limits.RenewSwept:
@@ -571,7 +527,7 @@ func (r *renewal) renew() bool {
 	}
 	if ok {
 		r.lastOK = time.Now()
-	} else if time.Since(r.lastOK) > r.ttl-r.interval {
+	} else if time.Since(r.lastOK) > ttl-interval {
 		x.h.log.Warn("aborting request: leases could not be renewed", "request_id", x.id)
 		x.abort(errLeaseLost)
 		return false
@@ -581,10 +537,7 @@ func (r *renewal) renew() bool {
 
 func (x *exchange) stopRenewal() {
 	if r := x.renewal; r != nil {
-		r.mu.Lock()
-		r.stopped = true
-		r.t.Stop()
-		r.mu.Unlock()
+		x.h.renewals.remove(r)
 	}
 }
 

@@ -244,7 +244,9 @@ type Handler struct {
 	// settler settles the limits of finished requests (nil without a
 	// Limiter; RunSettler runs it); pendingCancels counts the settlements
 	// cancelling timed-out admissions.
-	settler        *limits.Settler
+	settler *limits.Settler
+	// renewals renews the leases of live requests (renewtick.go).
+	renewals       renewTick
 	pendingCancels atomic.Int64
 	// bodyReads counts the request bodies being read (MaxBodyReads).
 	bodyReads atomic.Int64

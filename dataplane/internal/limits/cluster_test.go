@@ -48,6 +48,7 @@ func TestClusterStore(t *testing.T) {
 		{"SweepAfterStateLoss", TestSweepAfterStateLoss},
 		{"SlicesZeroRoundTrips", TestSlicesZeroRoundTrips},
 		{"GateIsolation", TestGateIsolation}, {"GateJoinWindow", TestGateJoinWindow}, {"GateEntriesExpire", TestGateEntriesExpire},
+		{"AdmitBatchConcurrencyCapExact", TestAdmitBatchConcurrencyCapExact},
 	} {
 		t.Run("cluster/"+tc.name, tc.f)
 	}

@@ -290,7 +290,7 @@ type Lease struct {
 	prefill      atomic.Int64
 	// renewMu orders the renewals of a lease with prefill accounting, so
 	// that a renewal asserting an older contribution never lands after
-	// one asserting a newer (PrefillDone racing the renewal timer).
+	// one asserting a newer (PrefillDone racing the renewal tick).
 	renewMu sync.Mutex
 }
 
@@ -395,6 +395,9 @@ type Config struct {
 	// rateWindow and rateBucket override the sliding window in tests.
 	rateWindow time.Duration
 	rateBucket time.Duration
+	// admitUnbatched makes every admission a call of its own (benchmarks
+	// compare it with batching).
+	admitUnbatched bool
 }
 
 // Limiter enforces limits in Redis. It is safe for concurrent use.
@@ -404,6 +407,7 @@ type Limiter struct {
 	flights seedFlights
 	slices  *slicer // nil: slices off
 	keys    keyCache
+	admits  admitBatcher
 }
 
 // New validates cfg, applies defaults and returns a Limiter.
@@ -679,7 +683,8 @@ func (l *Limiter) admitExact(ctx context.Context, req Request, units []budget.Un
 	return l.admitSeeded(ctx, req, units, d)
 }
 
-// admitOnce is one call of admit.lua.
+// admitOnce admits req with admit.lua, in a call of its own or batched
+// with concurrent admissions of its org (admitbatch.go).
 func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
 	keys := l.callKeys(req.OrgID, req.RequestID, req.Scopes)
 	lease := &Lease{
@@ -698,50 +703,14 @@ func (l *Limiter) admitOnce(ctx context.Context, req Request, units []budget.Uni
 		lease.prefillScope = p.Scope + 1
 		lease.prefill.Store(p.Tokens)
 	}
-	args := newArgv()
-	defer args.release()
-	args.str(req.RequestID)
-	args.int(req.EstTokens)
-	args.int(req.MaxCostMicros)
-	args.int(ms(l.cfg.LeaseTTL))
-	args.int(ms(l.cfg.Quarantine))
-	args.int(ms(l.cfg.RecordTTL))
-	args.int(ms(l.cfg.ParallelRetryMax))
-	args.int(ms(l.cfg.rateWindow))
-	args.int(ms(l.cfg.rateBucket))
-	args.bool(lease.needs)
-	args.int(int64(len(req.Scopes)))
-	for i, s := range req.Scopes {
-		args.int(s.RPM)
-		args.int(s.TPM)
-		args.int(s.MaxParallel)
-		if s.Budget != nil {
-			args.int(s.Budget.CapMicros)
-			args.str(units[i].Unit)
-			args.int(units[i].N)
-		} else {
-			args.int(0)
-			args.str("-")
-			args.int(0)
-		}
-	}
-	lease.sweep.appendNote(args)
-	if p := req.Prefill; p != nil {
-		args.int(int64(p.Scope + 1))
-		args.int(p.Tokens)
-		args.int(p.Cap)
-	} else {
-		args.int(0)
-		args.int(0)
-		args.int(0)
-	}
-	vals, err := l.run(ctx, admitScript, "admit", keys, args)
+	j := &admitJob{req: &req, units: units, lease: lease}
+	vals, err := l.admits.do(ctx, l, j)
 	if err != nil {
 		// The call may still run in Redis after its deadline (a frozen or
 		// slow server has it queued): the lease lets the caller Settle it
 		// with zero usage, which either releases what it took or, settling
 		// first, leaves a tombstone that makes the late admission a no-op.
-		return Decision{Lease: lease}, err
+		return Decision{Lease: lease}, fmt.Errorf("limits admit: %w: %w", ErrUnavailable, err)
 	}
 	return toDecision(vals, req.Scopes, lease)
 }
@@ -828,8 +797,18 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 		lease.renewMu.Lock()
 		defer lease.renewMu.Unlock()
 	}
+	c := l.renewCall(lease)
+	defer c.args.release()
+	vals, err := l.run(ctx, renewScript, "renew", c.keys, c.args)
+	if err != nil {
+		return 0, err
+	}
+	return renewState(vals)
+}
+
+// renewCall builds the renew.lua call of lease.
+func (l *Limiter) renewCall(lease *Lease) scriptCall {
 	args := newArgv()
-	defer args.release()
 	args.str(lease.requestID)
 	args.int(lease.est)
 	args.int(lease.reserved)
@@ -847,14 +826,73 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	lease.sweep.appendNote(args)
 	args.int(int64(lease.prefillScope))
 	args.int(lease.prefill.Load())
-	vals, err := l.run(ctx, renewScript, "renew", lease.keys, args)
-	if err != nil {
-		return 0, err
-	}
+	return scriptCall{keys: lease.keys, args: args}
+}
+
+// renewState maps renew.lua's result.
+func renewState(vals []int64) (RenewState, error) {
 	if len(vals) != 2 || vals[0] < 0 || vals[0] > 3 {
 		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
 	}
 	return RenewState(vals[0]), nil
+}
+
+// RenewItem is one renewal of a batch: a lease, and the report that
+// replaces its request's (RenewReport) when Report is set.
+type RenewItem struct {
+	Lease  *Lease
+	Report *Report
+}
+
+// RenewBatch renews several leases (as Renew, or RenewReport for items
+// with a Report): the plain renewals in one pipelined round trip, the
+// others (quota slices' local parts, prefill accounting) as Renew does.
+// Results and errors are per item.
+func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewState, []error) {
+	states := make([]RenewState, len(items))
+	errs := make([]error, len(items))
+	var calls []scriptCall
+	var idx []int
+	var wg sync.WaitGroup
+	for i, it := range items {
+		lease := it.Lease
+		if it.Report != nil && lease.sweep != nil {
+			lease.sweep.mu.Lock()
+			lease.sweep.rep = *it.Report
+			lease.sweep.mu.Unlock()
+		}
+		switch {
+		case lease.settled.Load():
+			states[i] = RenewSettled
+		case lease.localHold || lease.promote || lease.prefillScope > 0:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				states[i], errs[i] = l.Renew(ctx, lease)
+			}()
+		case !lease.needs:
+			states[i] = RenewExtended
+		default:
+			calls = append(calls, l.renewCall(lease))
+			idx = append(idx, i)
+		}
+	}
+	if len(calls) > 0 {
+		// One call timeout per 16 renewals, as for settlements.
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
+		vals, verrs := l.store.evalBatch(cctx, renewScript, calls)
+		cancel()
+		for k, i := range idx {
+			calls[k].args.release()
+			if verrs[k] != nil {
+				errs[i] = fmt.Errorf("limits renew: %w: %w", ErrUnavailable, verrs[k])
+				continue
+			}
+			states[i], errs[i] = renewState(vals[k])
+		}
+	}
+	wg.Wait()
+	return states, errs
 }
 
 // PrefillDone sets the lease's prefill contribution to 0 (its request

@@ -50,15 +50,22 @@ func randHex(t testing.TB) string {
 // quarantine test, which uses a fresh org).
 func setup(t testing.TB, mod func(*Config)) *bundle {
 	t.Helper()
+	return setupAt(t, redisAddr, mod)
+}
+
+// setupAt is setup on the Redis at addr (a dedicated redis-server of a
+// benchmark, script_bench_test.go).
+func setupAt(t testing.TB, addr string, mod func(*Config)) *bundle {
+	t.Helper()
 	var rdb redis.UniversalClient
 	if rc := testCluster.Load(); rc != nil && strings.Contains(t.Name(), "/cluster/") {
 		// TestClusterStore: the same test on a 3-master Redis Cluster.
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: rc.Addrs, ContextTimeoutEnabled: true})
 	} else {
-		rdb = redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true})
+		rdb = redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
 	}
 	t.Cleanup(func() { _ = rdb.Close() })
-	require.NoError(t, rdb.Ping(context.Background()).Err(), "the limits tests need Redis at %s", redisAddr)
+	require.NoError(t, rdb.Ping(context.Background()).Err(), "the limits tests need Redis at %s", addr)
 	prefix := "sluice-test-" + randHex(t) + ":"
 	t.Cleanup(func() { deleteKeys(t, rdb, prefix) })
 	led := &fakeLedger{}
@@ -70,7 +77,7 @@ func setup(t testing.TB, mod func(*Config)) *bundle {
 		// Redis Cluster).
 		cfg.Client = rdb
 	} else {
-		pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+		pipe, err := redispipe.New(redispipe.Options{Addr: addr})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = pipe.Close() })
 		cfg.Pipe = pipe

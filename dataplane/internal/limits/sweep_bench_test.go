@@ -85,6 +85,26 @@ func BenchmarkAdmitSettleSweepable(b *testing.B) {
 	}
 }
 
+// redisCPU returns the CPU time (µs) Redis's main thread used so far
+// (INFO cpu: scripts, and reading and answering commands), which unlike
+// commandstats' wall time does not count the time the thread was
+// preempted on a loaded machine.
+func redisCPU(b *testing.B, bd *bundle) int64 {
+	info, err := bd.rdb.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var sec float64
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys_main_thread" || k == "used_cpu_user_main_thread") {
+			f, _ := strconv.ParseFloat(v, 64)
+			sec += f
+		}
+	}
+	return int64(sec * 1e6)
+}
+
 // evalshaStats returns Redis's EVALSHA calls and their total time (µs) so
 // far (INFO commandstats).
 func evalshaStats(b *testing.B, bd *bundle) (calls, usec int64) {

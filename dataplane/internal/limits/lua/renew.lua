@@ -44,8 +44,14 @@ local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
 local rate_ttl = window_ms + 2 * bms
 
-local epoch = ensure_epoch(now)
-local rec = record_parse(redis.call('GET', KEYS[2]))
+-- The epoch and the record in one read (ensure_epoch's GET folded in).
+local heads = redis.call('MGET', KEYS[1], KEYS[2])
+local epoch = tonumber(heads[1])
+if not epoch then
+  redis.call('SET', KEYS[1], now)
+  epoch = now
+end
+local rec = record_parse(heads[2] or nil)
 if rec and rec.swept then
   return { 3, epoch }
 end

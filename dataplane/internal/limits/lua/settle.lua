@@ -59,8 +59,13 @@ for j = 1, m do thresholds[j] = tonumber(ARGV[7 + j]) end
 local function shkey(s) return KEYS[nreq + 2 + 2 * (s - 1)] end
 local function szkey(s) return KEYS[nreq + 3 + 2 * (s - 1)] end
 
-local epoch = ensure_epoch(now)
-local raw = redis.call('MGET', unpack(KEYS, 2, nreq + 1))
+-- The epoch and the records in one read (ensure_epoch's GET folded in).
+local raw = redis.call('MGET', unpack(KEYS, 1, nreq + 1))
+local epoch = tonumber(table.remove(raw, 1))
+if not epoch then
+  redis.call('SET', KEYS[1], now)
+  epoch = now
+end
 
 -- The state of each distinct scope touched: fields read (false = absent),
 -- fields to write, and leases to remove.
