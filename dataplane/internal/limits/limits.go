@@ -473,6 +473,11 @@ func New(cfg Config) (*Limiter, error) {
 	} else {
 		l.store = goRedisStore{c: cfg.Client}
 	}
+	if l.slices != nil {
+		// Every answered call proves Redis alive (slices are used only
+		// while it is, slices.go).
+		l.store = liveStore{store: l.store, s: l.slices}
+	}
 	return l, nil
 }
 

@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"math"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/internal/budget"
 )
 
@@ -237,6 +242,105 @@ type slicer struct {
 	// calls counts the worker's carve.lua calls (tests, benchmarks).
 	calls atomic.Int64
 	now   func() time.Time
+	// Redis liveness (fail closed, as exact admission does): slices are
+	// used only while a call sent less than liveWindow ago was answered
+	// (aliveSent, unix ns) and no connection error was seen since it was
+	// sent (lostAt). Every call of the limiter counts (liveStore); the
+	// worker pings Redis every tick when it sends nothing else.
+	aliveSent atomic.Int64
+	lostAt    atomic.Int64
+	pings     atomic.Int64
+}
+
+// liveWindow is how long an answered call keeps slices usable: one tick
+// (the heartbeat's period) plus the call timeout (what exact admission
+// waits before it fails closed).
+func (s *slicer) liveWindow() time.Duration { return s.cfg.Tick + s.lim.cfg.CallTimeout }
+
+// live reports whether Redis answered recently enough for slices to be
+// used at now.
+func (s *slicer) live(now time.Time) bool {
+	a := s.aliveSent.Load()
+	return a > s.lostAt.Load() && now.UnixNano() < a+int64(s.liveWindow())
+}
+
+// observe records the outcome of a call sent at sent: an answer (a reply,
+// even an error reply) proves Redis alive; a broken or refused connection
+// stops the use of slices at once. A timeout changes nothing: slices stop
+// when no answer came for liveWindow.
+func (s *slicer) observe(sent time.Time, err error) {
+	if err == nil || replyError(err) {
+		t := sent.UnixNano()
+		for {
+			a := s.aliveSent.Load()
+			if a >= t || s.aliveSent.CompareAndSwap(a, t) {
+				return
+			}
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return
+	}
+	s.lostAt.Store(s.now().UnixNano())
+}
+
+// replyError reports whether err is an error reply of Redis.
+func replyError(err error) bool {
+	var pe redispipe.Error
+	if errors.As(err, &pe) {
+		return true
+	}
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// liveStore is the limiter's store with slices on: it feeds every call's
+// outcome to the slicer's liveness.
+type liveStore struct {
+	store
+	s *slicer
+}
+
+func (w liveStore) eval(ctx context.Context, sc *script, c scriptCall) ([]int64, error) {
+	sent := w.s.now()
+	v, err := w.store.eval(ctx, sc, c)
+	w.s.observe(sent, err)
+	return v, err
+}
+
+func (w liveStore) evalBatch(ctx context.Context, sc *script, calls []scriptCall) ([][]int64, []error) {
+	sent := w.s.now()
+	v, errs := w.store.evalBatch(ctx, sc, calls)
+	for _, err := range errs {
+		if err == nil {
+			w.s.observe(sent, nil)
+			break
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			w.s.observe(sent, err)
+		}
+	}
+	return v, errs
+}
+
+func (w liveStore) ping(ctx context.Context) error {
+	sent := w.s.now()
+	err := w.store.ping(ctx)
+	w.s.observe(sent, err)
+	return err
+}
+
+func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
+	sent := w.s.now()
+	err := w.store.setNX(ctx, key, v)
+	w.s.observe(sent, err)
+	return err
 }
 
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
@@ -318,6 +422,9 @@ func sameBudget(a, b *Budget) bool {
 // record their demand, so the worker carves for them.
 func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders) {
 	now := s.now()
+	// Redis did not answer lately: admitted exactly (and so fail closed
+	// within the call timeout, as without slices); demand is recorded.
+	live := s.live(now)
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
 		okR, okB, okP := s.rateOK(sc), s.budgetOK(sc), s.parOK(sc)
@@ -349,7 +456,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			st.lastUse = now
 			for j := range st.held {
 				h := &st.held[j]
-				if h.deadline.After(now) && h.r >= needR && h.t >= needT {
+				if live && h.deadline.After(now) && h.r >= needR && h.t >= needT {
 					h.r -= needR
 					h.t -= needT
 					takes = append(takes, sliceTake{sc: st, kind: takeRate, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
@@ -368,7 +475,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			st.lastUse, st.lastBud = now, now
 			for j := range st.bheld {
 				h := &st.bheld[j]
-				if h.deadline.After(now) && h.free >= cost {
+				if live && h.deadline.After(now) && h.free >= cost {
 					h.free -= cost
 					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch})
 					tookB = true
@@ -378,7 +485,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		}
 		if okP {
 			st.lastUse, st.lastPar = now, now
-			if n := len(st.pfree); n > 0 && st.parUsableLocked(now, s.lim.cfg.RenewInterval) {
+			if n := len(st.pfree); n > 0 && live && st.parUsableLocked(now, s.lim.cfg.RenewInterval) {
 				m := st.pfree[n-1]
 				st.pfree = st.pfree[:n-1]
 				st.puse++
@@ -744,6 +851,7 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 	byOrg := map[string][]carveItem{}
 	var idle []sliceKey
 	s.mu.RLock()
+	held := len(s.m) > 0
 	for k, st := range s.m {
 		st.mu.Lock()
 		const alpha = 0.2
@@ -822,6 +930,12 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 	}
 	if len(byOrg) > 0 {
 		s.carve(ctx, byOrg)
+	} else if !final && held {
+		// The heartbeat: nothing else to send, and slices may be in use.
+		s.pings.Add(1)
+		pctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout)
+		_ = s.lim.store.ping(pctx)
+		cancel()
 	}
 }
 

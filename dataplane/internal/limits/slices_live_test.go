@@ -1,0 +1,198 @@
+package limits
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
+)
+
+// faultProxy forwards TCP connections to Redis and can freeze them (no
+// byte forwarded either way: a SIGSTOPped server, as seen by a client) or
+// kill them (connections closed, new ones refused: a SIGKILLed one).
+type faultProxy struct {
+	ln     net.Listener
+	frozen atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func startFaultProxy(t *testing.T, target string) *faultProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &faultProxy{ln: ln}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go p.pipe(c, u)
+			go p.pipe(u, c)
+		}
+	}()
+	t.Cleanup(p.kill)
+	return p
+}
+
+func (p *faultProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for n > 0 && p.frozen.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				_ = dst.Close()
+			}
+			_ = dst.Close()
+			return
+		}
+	}
+}
+
+func (p *faultProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *faultProxy) kill() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+}
+
+// TestSlicesFailClosedWhenRedisStops: slices are used only while Redis
+// answers. A data plane admitting every kind of limit from its slices
+// stops doing so within one tick plus the call timeout of Redis freezing
+// (SIGSTOP as a client sees it: nothing answers) or dying (connections
+// closed and refused); from then on its requests are admitted exactly,
+// and so fail closed (ErrUnavailable) as without slices.
+func TestSlicesFailClosedWhenRedisStops(t *testing.T) {
+	for _, fault := range []string{"freeze", "kill"} {
+		t.Run(fault, func(t *testing.T) {
+			fp := startFaultProxy(t, redisAddr)
+			const tick = 10 * time.Millisecond
+			b := setup(t, func(c *Config) {
+				pipe, err := redispipe.New(redispipe.Options{Addr: fp.addr()})
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = pipe.Close() })
+				c.Pipe, c.CallTimeout = pipe, DefaultCallTimeout
+				c.Slices = SliceConfig{Enabled: true, Tick: tick}
+			})
+			lim := b.lim
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			wg.Go(func() { _ = lim.RunSlices(ctx) })
+			t.Cleanup(func() { cancel(); wg.Wait() })
+			bud := &Budget{CapMicros: 1e12, Window: "1d"}
+			scopes := []Scope{
+				{Kind: KindKey, ID: "k", RPM: 1e7, TPM: 1e10, MaxParallel: 1e5, Budget: bud},
+				{Kind: KindOrg, ID: b.org, RPM: 1e7, TPM: 1e10, MaxParallel: 1e5, Budget: bud},
+			}
+			var seq atomic.Int64
+			admit := func() (Decision, error) {
+				return lim.Admit(context.Background(), Request{OrgID: b.org, RequestID: fmt.Sprintf("f%d", seq.Add(1)),
+					Scopes: scopes, EstTokens: 100, MaxCostMicros: 500})
+			}
+			require.Eventually(t, func() bool {
+				d, err := admit()
+				require.NoError(t, err)
+				_, err = lim.Settle(context.Background(), d.Lease, 60, 200)
+				require.NoError(t, err)
+				return len(d.Lease.keys) == 0
+			}, 10*time.Second, time.Millisecond, "never admitted from slices")
+
+			type ev struct {
+				start time.Time
+				local bool
+				err   error
+			}
+			var mu sync.Mutex
+			var evs []ev
+			lctx, stop := context.WithCancel(context.Background())
+			var lw sync.WaitGroup
+			for range 4 {
+				lw.Go(func() {
+					for lctx.Err() == nil {
+						start := time.Now()
+						d, err := admit()
+						e := ev{start: start, err: err}
+						if err == nil {
+							require.True(t, d.Allowed)
+							e.local = len(d.Lease.keys) == 0
+							if e.local {
+								_, _ = lim.Settle(context.Background(), d.Lease, 60, 200)
+							}
+						}
+						mu.Lock()
+						evs = append(evs, e)
+						mu.Unlock()
+						time.Sleep(200 * time.Microsecond)
+					}
+				})
+			}
+			time.Sleep(300 * time.Millisecond)
+			var at time.Time
+			if fault == "freeze" {
+				fp.frozen.Store(true)
+				at = time.Now()
+			} else {
+				fp.kill()
+				at = time.Now()
+			}
+			time.Sleep(600 * time.Millisecond)
+			stop()
+			lw.Wait()
+			bound := tick + DefaultCallTimeout
+			var before, lastLocal time.Duration
+			after, failed := 0, 0
+			for _, e := range evs {
+				if e.start.Before(at) {
+					if e.local {
+						before++
+					}
+					continue
+				}
+				if e.local {
+					lastLocal = max(lastLocal, e.start.Sub(at))
+					require.Less(t, e.start.Sub(at), bound, "admitted from slices %s after Redis stopped answering", e.start.Sub(at))
+					after++
+				} else {
+					require.ErrorIs(t, e.err, ErrUnavailable, "an exact admission while Redis is down")
+					failed++
+				}
+			}
+			require.Positive(t, before, "admissions from slices before the fault")
+			require.Positive(t, failed, "exact admissions failing closed after the fault")
+			t.Logf("%s: %d admissions from slices before; after: %d from slices, the last sent %s after (bound %s), then %d refused (ErrUnavailable)",
+				fault, before, after, lastLocal.Round(time.Millisecond), bound, failed)
+			fp.frozen.Store(false)
+		})
+	}
+}
