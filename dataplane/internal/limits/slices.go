@@ -202,6 +202,7 @@ type sliceScope struct {
 	pall     map[string]struct{} // members held (free or in use)
 	pgone    []string            // members to remove from Redis
 	puse     int64               // members in use
+	pexact   int64               // requests in flight admitted exactly (no free member)
 	pseq     int64               // members named so far
 	psent    time.Time           // when the last renewal of every member was sent (answered)
 	plost    bool                // renewals failed for too long: members unusable
@@ -250,6 +251,20 @@ type slicer struct {
 	aliveSent atomic.Int64
 	lostAt    atomic.Int64
 	pings     atomic.Int64
+	// wake kicks the worker when a request found no slice (at most one
+	// early tick per Tick/5); lastTick is when the last tick ran.
+	wake     chan struct{}
+	tmu      sync.Mutex
+	lastTick time.Time
+}
+
+// kick asks the worker for an early tick: a request found no usable
+// slice, so the carve for it need not wait for the next Tick.
+func (s *slicer) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
 }
 
 // liveWindow is how long an answered call keeps slices usable: one tick
@@ -345,7 +360,7 @@ func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
 
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	cfg.defaults()
-	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now}
+	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1)}
 }
 
 // rateOK reports whether a scope's rate limits may be sliced.
@@ -420,11 +435,17 @@ func sameBudget(a, b *Budget) bool {
 // zeroed; scopes left with nothing to check left out). headers are the
 // local rate headers of the scopes taken. Limits that could not be taken
 // record their demand, so the worker carves for them.
-func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders) {
+func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders, waits []*sliceScope) {
 	now := s.now()
 	// Redis did not answer lately: admitted exactly (and so fail closed
 	// within the call timeout, as without slices); demand is recorded.
 	live := s.live(now)
+	kick := false
+	defer func() {
+		if kick {
+			s.kick()
+		}
+	}()
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
 		okR, okB, okP := s.rateOK(sc), s.budgetOK(sc), s.parOK(sc)
@@ -491,10 +512,18 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 				st.puse++
 				takes = append(takes, sliceTake{sc: st, kind: takePar, member: m, gen: st.pgen})
 				tookP = true
-				st.pdemand = max(st.pdemand, st.puse)
+				st.pdemand = max(st.pdemand, st.puse+st.pexact)
 			} else {
-				st.pdemand = max(st.pdemand, st.puse+1)
+				// Admitted exactly: still demand for a slot until it ends
+				// (so a jump in concurrency is carved for in one tick).
+				st.pexact++
+				st.pdemand = max(st.pdemand, st.puse+st.pexact)
+				waits = append(waits, st)
 			}
+		}
+		if !st.inflight && ((okR && !tookR && !now.Before(st.backoff)) || (okB && !tookB && !now.Before(st.bbackoff)) ||
+			(okP && !tookP && !now.Before(st.pbackoff))) {
+			kick = true
 		}
 		st.mu.Unlock()
 		if tookR || tookB || tookP {
@@ -513,7 +542,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		}
 	}
 	if rest == nil {
-		return nil, req.Scopes, hdr
+		return nil, req.Scopes, hdr, waits
 	}
 	out := rest[:0]
 	for _, sc := range rest {
@@ -521,7 +550,16 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			out = append(out, sc)
 		}
 	}
-	return takes, out, hdr
+	return takes, out, hdr, waits
+}
+
+// unwait ends the slot demand of an exact admission (take's waits).
+func (s *slicer) unwait(waits []*sliceScope) {
+	for _, st := range waits {
+		st.mu.Lock()
+		st.pexact = max(st.pexact-1, 0)
+		st.mu.Unlock()
+	}
 }
 
 // limitsLocked revokes the slices of each kind whose limits changed (to
@@ -795,6 +833,13 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			s.tick(ctx, false)
+		case <-s.wake:
+			s.tmu.Lock()
+			early := s.now().Sub(s.lastTick) >= s.cfg.Tick/5
+			s.tmu.Unlock()
+			if early {
+				s.tick(ctx, false)
+			}
 		}
 	}
 }
@@ -845,7 +890,20 @@ type carveItem struct {
 // carves.
 func (s *slicer) tick(ctx context.Context, final bool) {
 	now := s.now()
-	tickSec := s.cfg.Tick.Seconds()
+	// The time since the last tick (a tick may come early, kicked by a
+	// request that found no slice): rates are per second of it, and the
+	// moving averages and decays are per Tick of it.
+	s.tmu.Lock()
+	dt := s.cfg.Tick
+	if !s.lastTick.IsZero() {
+		dt = min(max(now.Sub(s.lastTick), s.cfg.Tick/10), 10*s.cfg.Tick)
+	}
+	s.lastTick = now
+	s.tmu.Unlock()
+	tickSec := dt.Seconds()
+	ticks := float64(dt) / float64(s.cfg.Tick)
+	alpha := 1 - math.Pow(0.8, ticks)
+	decB, decP := math.Pow(15.0/16, ticks), math.Pow(0.97, ticks)
 	bucket := s.lim.cfg.rateBucket
 	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
 	byOrg := map[string][]carveItem{}
@@ -854,7 +912,6 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 	held := len(s.m) > 0
 	for k, st := range s.m {
 		st.mu.Lock()
-		const alpha = 0.2
 		// Rate: expired slices give back what they did not use.
 		kept := st.held[:0]
 		for _, h := range st.held {
@@ -893,8 +950,8 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			it.rets = st.rets
 			st.rets = map[int64]sliceRet{}
 		}
-		s.tickBudgetLocked(st, &it, now, final)
-		s.tickParLocked(st, &it, now, final, ttl, iv, tickSec)
+		s.tickBudgetLocked(st, &it, now, final, decB)
+		s.tickParLocked(st, &it, now, final, ttl, iv, decP)
 		if st.bud != nil && (it.wantB > 0 || it.brets != nil) {
 			it.bud, it.bunit = st.bud, st.bunit
 		}
@@ -930,7 +987,7 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 	}
 	if len(byOrg) > 0 {
 		s.carve(ctx, byOrg)
-	} else if !final && held {
+	} else if !final && held && now.UnixNano()-s.aliveSent.Load() >= int64(s.cfg.Tick/2) {
 		// The heartbeat: nothing else to send, and slices may be in use.
 		s.pings.Add(1)
 		pctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout)
@@ -953,7 +1010,7 @@ func (st *sliceScope) requeueLocked(it *carveItem) {
 
 // tickBudgetLocked expires budget slices, gives back the free ones of a
 // scope without demand, and decides the budget carve of it.
-func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool) {
+func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool, dec float64) {
 	linger := now.Sub(st.lastBud) > s.cfg.Linger
 	kept := st.bheld[:0]
 	for _, h := range st.bheld {
@@ -964,7 +1021,7 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 		}
 	}
 	st.bheld = kept
-	st.maxB = st.maxB * 15 / 16
+	st.maxB = int64(float64(st.maxB) * dec)
 	if len(st.brets) > 0 {
 		it.brets = st.brets
 		st.brets = map[bretKey]int64{}
@@ -992,10 +1049,9 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 // to renew (every held one, once per renew interval), to give back (free
 // ones beyond twice the demand, all of them once the scope lingers) and
 // to carve (up to one and a half times the peak demand).
-func (s *slicer) tickParLocked(st *sliceScope, it *carveItem, now time.Time, final bool, ttl, iv time.Duration, tickSec float64) {
-	_ = tickSec
-	st.ppeak = max(float64(st.pdemand), st.ppeak*0.97)
-	st.pdemand = st.puse
+func (s *slicer) tickParLocked(st *sliceScope, it *carveItem, now time.Time, final bool, ttl, iv time.Duration, dec float64) {
+	st.ppeak = max(float64(st.pdemand), st.ppeak*dec)
+	st.pdemand = st.puse + st.pexact
 	if len(st.pall) > 0 && !st.plost && !now.Before(st.psent.Add(ttl-iv)) {
 		// Renewals failed for a whole lease TTL less a renew interval: the
 		// members may be given away; none is used again, and the ones in
@@ -1379,4 +1435,18 @@ func (l *Limiter) SliceStats() SliceStats {
 		st.mu.Unlock()
 	}
 	return out
+}
+
+// withWaits attaches an exact admission's slot demand to its lease, or
+// ends it when the admission did not admit.
+func (s *slicer) withWaits(d Decision, err error, waits []*sliceScope) Decision {
+	if len(waits) == 0 {
+		return d
+	}
+	if err == nil && d.Allowed && d.Lease != nil {
+		d.Lease.pwait = waits
+	} else {
+		s.unwait(waits)
+	}
+	return d
 }

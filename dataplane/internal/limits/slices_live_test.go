@@ -196,3 +196,76 @@ func TestSlicesFailClosedWhenRedisStops(t *testing.T) {
 		})
 	}
 }
+
+// TestSlicesConcurrencyJumpCarvedInOneTick: requests admitted exactly for
+// want of a free slot count as slot demand until they settle, so a jump
+// from one to 60 requests in flight is carved for by the next tick (with
+// only the slots in use as demand, the slices grew by half per tick).
+func TestSlicesConcurrencyJumpCarvedInOneTick(t *testing.T) {
+	f := newSliceFleet(t, 1, 6*time.Second, 100*time.Millisecond, SliceConfig{Tick: 10 * time.Millisecond}, false)
+	lim := f.lims[0]
+	ctx := context.Background()
+	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: 1e5}}
+	seq := 0
+	admit := func() *Lease {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("j%d", seq), Scopes: scopes})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d.Lease
+	}
+	settle := func(l *Lease) {
+		_, err := lim.Settle(ctx, l, 0, 0)
+		require.NoError(t, err)
+	}
+	settle(admit()) // exact: its demand makes the tick carve
+	lim.slices.tick(ctx, false)
+	small := lim.SliceStats().HeldSlots
+	require.Positive(t, small)
+	var held []*Lease
+	exact := 0
+	for range 60 {
+		l := admit()
+		if !hasTake(l, takePar) {
+			exact++
+		}
+		held = append(held, l)
+	}
+	require.Greater(t, exact, 40, "most of the jump admitted exactly")
+	lim.slices.tick(ctx, false)
+	st := lim.SliceStats()
+	require.GreaterOrEqual(t, st.HeldSlots, int64(60), "slots carved by one tick after the jump (held before: %d)", small)
+	for _, l := range held {
+		settle(l)
+	}
+	sc := lim.slices.lookup(f.b.org, &scopes[0])
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	require.Zero(t, sc.pexact, "exact admissions' slot demand ends when they settle")
+	t.Logf("slots held: %d at one request in flight; %d one tick after 60 (%d of them admitted exactly)", small, st.HeldSlots, exact)
+}
+
+// TestSlicesMissKicksTheWorker: a request that finds no slice wakes the
+// slice worker, which carves for it at once rather than at its next tick
+// (here a second away).
+func TestSlicesMissKicksTheWorker(t *testing.T) {
+	const tick = time.Second
+	f := newSliceFleet(t, 1, 6*time.Second, 100*time.Millisecond, SliceConfig{Tick: tick}, true)
+	lim := f.lims[0]
+	ctx := context.Background()
+	scopes := []Scope{{Kind: KindKey, ID: "k", RPM: 1e7, TPM: 1e10, MaxParallel: 1e5, Budget: &Budget{CapMicros: 1e12, Window: "1d"}}}
+	time.Sleep(50 * time.Millisecond) // the worker is up (its first tick is a second away)
+	start := time.Now()
+	seq := 0
+	require.Eventually(t, func() bool {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("m%d", seq), Scopes: scopes, EstTokens: 10, MaxCostMicros: 100})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		_, err = lim.Settle(ctx, d.Lease, 10, 100)
+		require.NoError(t, err)
+		st := lim.SliceStats()
+		return st.HeldR > 0 && st.HeldBudgetMicros > 0 && st.HeldSlots > 0
+	}, tick/2, 10*time.Millisecond, "slices carved before the next tick: %+v", lim.SliceStats())
+	t.Logf("slices of every kind held %s after the first request found none (tick %s; %d requests)", time.Since(start).Round(time.Millisecond), tick, seq)
+}
