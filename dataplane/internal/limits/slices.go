@@ -194,6 +194,13 @@ type sliceScope struct {
 	rateB    float64
 	bbackoff time.Time
 	alerts   []BudgetAlert // crossed by carves, handed to the next settlement
+	// The budget lease (carve.lua's 'bh' entry of this data plane): bN is
+	// what requests took from the slices and did not give back, bB the
+	// watermark Redis holds (bN never exceeds it: a take that would waits
+	// for a call raising it), bsent when the last call renewing the lease
+	// was sent (slices are not used once the lease may have expired).
+	bN, bB int64
+	bsent  time.Time
 
 	// Concurrency slices: members of the scope's lease set.
 	par      int64 // the limit the members were carved under
@@ -496,9 +503,11 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			st.lastUse, st.lastBud = now, now
 			for j := range st.bheld {
 				h := &st.bheld[j]
-				if live && h.deadline.After(now) && h.free >= cost {
+				if live && h.deadline.After(now) && h.free >= cost && st.bN+cost <= st.bB &&
+					now.Before(st.bsent.Add(s.lim.cfg.LeaseTTL-s.lim.cfg.RenewInterval)) {
 					h.free -= cost
-					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch})
+					st.bN += cost
+					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch, gen: st.bgen})
 					tookB = true
 					break
 				}
@@ -703,6 +712,9 @@ func (s *slicer) giveBackBudget(tk sliceTake, amount int64) {
 	now := s.now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if amount > 0 && tk.gen == st.bgen {
+		st.bN = max(st.bN-amount, 0)
+	}
 	if amount > 0 {
 		for j := range st.bheld {
 			h := &st.bheld[j]
@@ -874,6 +886,8 @@ type carveItem struct {
 	bunit budget.Unit
 	wantB int64
 	brets map[bretKey]int64
+	bwm   int64 // the watermark asked for
+	bsend bool  // the lease is renewed or its watermark raised
 	// concurrency
 	pgen   uint64
 	par    int64
@@ -952,10 +966,10 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 		}
 		s.tickBudgetLocked(st, &it, now, final, decB)
 		s.tickParLocked(st, &it, now, final, ttl, iv, decP)
-		if st.bud != nil && (it.wantB > 0 || it.brets != nil) {
+		if st.bud != nil && (it.wantB > 0 || it.brets != nil || it.bsend) {
 			it.bud, it.bunit = st.bud, st.bunit
 		}
-		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil ||
+		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil || it.bsend ||
 			it.wantP > 0 || it.gone != nil || it.parRen
 		if send && !st.inflight {
 			st.inflight = true
@@ -1011,6 +1025,13 @@ func (st *sliceScope) requeueLocked(it *carveItem) {
 // tickBudgetLocked expires budget slices, gives back the free ones of a
 // scope without demand, and decides the budget carve of it.
 func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool, dec float64) {
+	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
+	if len(st.bheld) > 0 && !now.Before(st.bsent.Add(ttl-iv)) {
+		// The lease was not renewed for a lease TTL less a renew
+		// interval: it may expire (and its slices be reclaimed), so they
+		// are not used again.
+		st.revokeBudgetLocked()
+	}
 	linger := now.Sub(st.lastBud) > s.cfg.Linger
 	kept := st.bheld[:0]
 	for _, h := range st.bheld {
@@ -1025,6 +1046,16 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 	if len(st.brets) > 0 {
 		it.brets = st.brets
 		st.brets = map[bretKey]int64{}
+	}
+	// The watermark: what requests may take from the slices before the
+	// next call, a few ticks of demand ahead (what a data plane that dies
+	// may have spent unseen; the rest of its slices is reclaimed when its
+	// lease expires). Raised when less than half of that is left; the
+	// lease is renewed once per renew interval while slices are held.
+	ahead := int64(math.Ceil(st.rateB*10*s.cfg.Tick.Seconds())) + 4*st.maxB + 1
+	it.bwm = max(st.bB, st.bN+ahead)
+	if !final && st.bud != nil && len(st.bheld) > 0 && (st.bB-st.bN < ahead/2 || now.Sub(st.bsent) >= iv-s.cfg.Tick) {
+		it.bsend = true
 	}
 	if final || linger || st.bud == nil || st.bud.CapMicros < s.cfg.MinBudgetMicros || st.inflight || now.Before(st.bbackoff) {
 		return
@@ -1209,7 +1240,7 @@ func (s *slicer) carveFailed(items []carveItem, sent time.Time) {
 
 // carveFixed is the number of fixed values per item in carve.lua's reply
 // (the last one is the number of alert pairs that follow).
-const carveFixed = 15
+const carveFixed = 17
 
 // applyCarve applies one item's reply: o the fixed values, al the alert
 // pairs.
@@ -1229,8 +1260,26 @@ func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.
 		st.bheld = st.bheld[:0]
 		st.brets = map[bretKey]int64{}
 		st.bgen++
+		st.bN, st.bB = 0, 0
 	}
 	st.epoch = epoch
+	if it.bud != nil && st.bgen == it.bgen {
+		if o[15] == 1 {
+			// The lease is new (none was held, or it expired and was
+			// reclaimed): the slices held under the old one are void, and
+			// so are their returns.
+			st.bheld = st.bheld[:0]
+			for k, x := range st.brets {
+				if x > 0 {
+					delete(st.brets, k)
+				}
+			}
+			st.bN = 0
+			st.bgen++
+			it.bgen = st.bgen
+		}
+		st.bB, st.bsent = o[14], it.sent
+	}
 	// Rate.
 	gr, gt, b, life := o[0], o[1], o[2], time.Duration(o[3])*time.Millisecond
 	if gr > 0 || gt > 0 {
@@ -1352,17 +1401,16 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 		}
 		if it.bud == nil {
 			args.str("-")
-			args.int(0)
-			args.int(0)
-			args.int(0)
-			args.int(0)
-			args.int(0)
+			for range 6 {
+				args.int(0)
+			}
 		} else {
 			args.str(it.bunit.Unit)
 			args.int(it.bunit.N)
 			args.int(it.bud.CapMicros)
 			args.int(it.bud.SoftMicros)
 			args.int(it.wantB)
+			args.int(it.bwm)
 			args.int(int64(len(it.brets)))
 			for k, x := range it.brets {
 				args.int(k.widx)

@@ -269,3 +269,90 @@ func TestSlicesMissKicksTheWorker(t *testing.T) {
 	}, tick/2, 10*time.Millisecond, "slices carved before the next tick: %+v", lim.SliceStats())
 	t.Logf("slices of every kind held %s after the first request found none (tick %s; %d requests)", time.Since(start).Round(time.Millisecond), tick, seq)
 }
+
+// TestSlicesDeadInstanceBudgetReturns: a limiter that dies holding a
+// budget slice (its worker stops without giving it back or renewing its
+// lease) holds it only until its lease expires: then the next carve of
+// the scope reclaims what the dead one's watermark shows it could not
+// have spent, and the fleet admits the remaining budget; what it spent
+// stays spent, and the fleet never spends past the cap.
+func TestSlicesDeadInstanceBudgetReturns(t *testing.T) {
+	const capMicros, reserve = 1_000_000, 1_000
+	const ttl = 2 * time.Second
+	f := newSliceFleetCfg(t, 2, func(c *Config) { c.LeaseTTL, c.RenewInterval = ttl, 200*time.Millisecond },
+		SliceConfig{MinBudgetMicros: 1000, Tick: 10 * time.Millisecond, Share: 1}, false)
+	dead, live := f.lims[0], f.lims[1]
+	scopes := []Scope{{Kind: KindKey, ID: "k", Budget: &Budget{CapMicros: capMicros, Window: "1d"}}}
+	ctx, kill := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { // the dead limiter's worker, stopped without release
+		defer close(done)
+		tk := time.NewTicker(10 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tk.C:
+				dead.slices.tick(ctx, false)
+			}
+		}
+	}()
+	var seq atomic.Int64
+	spend := func(l *Limiter, cost int64) bool {
+		d, err := l.Admit(context.Background(), Request{OrgID: f.b.org, RequestID: fmt.Sprintf("d%d", seq.Add(1)), Scopes: scopes, MaxCostMicros: reserve})
+		require.NoError(t, err)
+		if !d.Allowed {
+			return false
+		}
+		_, err = l.Settle(context.Background(), d.Lease, 0, cost)
+		require.NoError(t, err)
+		return true
+	}
+	// The dead limiter spends (half of each reservation) until it holds a
+	// large free slice.
+	var spentDead int64
+	require.Eventually(t, func() bool {
+		require.True(t, spend(dead, reserve/2))
+		spentDead += reserve / 2
+		return dead.SliceStats().HeldBudgetMicros >= capMicros/5
+	}, 5*time.Second, time.Millisecond)
+	kill()
+	<-done
+	died := time.Now()
+	free := dead.SliceStats().HeldBudgetMicros
+	sc := dead.slices.lookup(f.b.org, &scopes[0])
+	sc.mu.Lock()
+	atRisk := sc.bB - sc.bN
+	sc.mu.Unlock()
+	atDeath := f.b.state(t, scopes[0]).Spend
+
+	lctx, stopLive := context.WithCancel(context.Background())
+	var lw sync.WaitGroup
+	lw.Go(func() { _ = live.RunSlices(lctx) })
+	var spentLive int64
+	var back time.Duration
+	for time.Since(died) < ttl+1500*time.Millisecond {
+		if spend(live, reserve) {
+			spentLive += reserve
+			if back == 0 && spentLive > capMicros-atDeath+reserve {
+				back = time.Since(died)
+			}
+		} else {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	stopLive()
+	lw.Wait()
+	end := f.b.state(t, scopes[0]).Spend
+	t.Logf("dead limiter spent %d µ$ and held %d µ$ free (watermark %d µ$ ahead); spend in Redis at its death %d µ$; "+
+		"the live one spent %d µ$, past what was left at the death %s after it (lease TTL %s); real spend %d µ$ of %d µ$, in Redis %d µ$",
+		spentDead, free, atRisk, atDeath, spentLive, back.Round(time.Millisecond), ttl, spentDead+spentLive, int64(capMicros), end)
+	require.Greater(t, free, int64(capMicros/5))
+	require.Less(t, atRisk, free/2, "the watermark keeps most of the free slice reclaimable")
+	require.NotZero(t, back, "the dead limiter's free budget never came back")
+	require.Less(t, back, ttl+time.Second)
+	require.LessOrEqual(t, spentDead+spentLive, int64(capMicros+reserve), "spend beyond exact admission's bound")
+	require.GreaterOrEqual(t, spentDead+spentLive, int64(capMicros)-atRisk-reserve, "the remaining budget was not admitted")
+	require.Equal(t, spentDead+spentLive+atRisk, end, "Redis keeps the real spend plus the dead one's watermark")
+}
