@@ -37,11 +37,20 @@ import (
 //     back what was not spent. Whatever a slice holds is counted in Redis
 //     from the carve on, so the fleet's spend never exceeds what exact
 //     admission allows.
+//     The slices of a scope are held under a budget lease (carve.lua's
+//     'bh' entry: what they put in the spend, a watermark, an expiry):
+//     requests take from them only below the watermark Redis holds, so
+//     when a dead data plane's lease expires the next carve of the scope
+//     gives back all but the watermark's worth.
 //   - concurrency: lease members of this data plane in the scope's lease set
 //     ("<instance>:<n>"), scored by their lease expiry like any request's
 //     lease, renewed by the worker every RenewInterval and removed when given
 //     back. A member is used by one request at a time, so the fleet's count
 //     stays exact; a dead data plane's members expire with the lease TTL.
+//
+// Slices are used only while Redis answers (live): a data plane whose
+// calls went unanswered for a tick plus the call timeout, or whose
+// connection broke, admits exactly, and so fails closed as without slices.
 //
 // What slices did not use, refunds and debts are returned by the slice
 // worker (RunSlices), in the same carve.lua call that carves the next
