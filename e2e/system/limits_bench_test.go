@@ -509,8 +509,14 @@ func (r *llRig) addSliced(tb testing.TB) {
 			_, st, _ := llChat(cl, r.ps.URL, tok)
 			return st == http.StatusOK
 		}, 15*time.Second, 20*time.Millisecond, "key never admitted")
+		unavailable := 0
 		for range 20 {
 			_, st, err := llChat(cl, r.ps.URL, tok)
+			if err != nil && strings.Contains(err.Error(), `"`+dataplane.CodeLimitsUnavailable+`"`) && unavailable < 3 {
+				unavailable++ // an exact admission over its 50 ms timeout on a loaded machine
+				tb.Logf("warm-up through the sliced data plane: %v", err)
+				continue
+			}
 			require.NoError(tb, err)
 			require.Equal(tb, http.StatusOK, st)
 		}
