@@ -267,6 +267,7 @@ type slicer struct {
 	aliveSent atomic.Int64
 	lostAt    atomic.Int64
 	pings     atomic.Int64
+	held      atomic.Bool // the slicer holds scopes (heartbeats needed)
 	// wake kicks the worker when a request found no slice (at most one
 	// early tick per Tick/5); lastTick is when the last tick ran.
 	wake     chan struct{}
@@ -847,6 +848,10 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 	}
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
+	hctx, stopBeat := context.WithCancel(ctx)
+	beat := make(chan struct{})
+	go func() { defer close(beat); s.heartbeat(hctx) }()
+	defer func() { stopBeat(); <-beat }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -1008,12 +1013,38 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 		}
 		s.mu.Unlock()
 	}
+	s.held.Store(held)
 	if len(byOrg) > 0 {
 		s.carve(ctx, byOrg)
 	} else if !final && held && now.UnixNano()-s.aliveSent.Load() >= int64(s.cfg.Tick/2) {
-		// The heartbeat: nothing else to send, and slices may be in use.
+		// Nothing else to send, and slices may be in use: a ping (as the
+		// heartbeat sends between ticks).
 		s.pings.Add(1)
 		pctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout)
+		_ = s.lim.store.ping(pctx)
+		cancel()
+	}
+}
+
+// heartbeat pings Redis every Tick/5 while the slicer holds scopes and no
+// other answered call was sent since the last beat, one ping at a time
+// (each waits up to liveWindow): so slices stay usable while Redis answers
+// within about the call timeout, whatever the worker's own calls do.
+func (s *slicer) heartbeat(ctx context.Context) {
+	every := max(s.cfg.Tick/5, time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.held.Load() || s.now().UnixNano()-s.aliveSent.Load() < int64(every) {
+			continue
+		}
+		s.pings.Add(1)
+		pctx, cancel := context.WithTimeout(ctx, s.liveWindow())
 		_ = s.lim.store.ping(pctx)
 		cancel()
 	}
@@ -1061,7 +1092,7 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 	// may have spent unseen; the rest of its slices is reclaimed when its
 	// lease expires). Raised when less than half of that is left; the
 	// lease is renewed once per renew interval while slices are held.
-	ahead := int64(math.Ceil(st.rateB*10*s.cfg.Tick.Seconds())) + 4*st.maxB + 1
+	ahead := int64(math.Ceil(st.rateB*20*s.cfg.Tick.Seconds())) + 4*st.maxB + 1
 	it.bwm = max(st.bB, st.bN+ahead)
 	if !final && st.bud != nil && len(st.bheld) > 0 && (st.bB-st.bN < ahead/2 || now.Sub(st.bsent) >= iv-s.cfg.Tick) {
 		it.bsend = true
