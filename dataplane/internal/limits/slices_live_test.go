@@ -122,10 +122,12 @@ func TestSlicesFailClosedWhenRedisStops(t *testing.T) {
 			}
 			require.Eventually(t, func() bool {
 				d, err := admit()
-				require.NoError(t, err)
+				if err != nil { // a call over its 50 ms timeout on a loaded machine
+					require.ErrorIs(t, err, ErrUnavailable)
+					return false
+				}
 				_, err = lim.Settle(context.Background(), d.Lease, 60, 200)
-				require.NoError(t, err)
-				return len(d.Lease.keys) == 0
+				return err == nil && len(d.Lease.keys) == 0
 			}, 10*time.Second, time.Millisecond, "never admitted from slices")
 
 			type ev struct {
