@@ -52,7 +52,16 @@ const (
 // keys, 503 limits_unavailable within 150 ms p99; after a restart
 // admissions resume.
 func TestLimitsRedisKilledFailsClosed(t *testing.T) {
-	lfRedisFault(t, lfKill)
+	lfRedisFault(t, lfKill, false)
+}
+
+// TestLimitsRedisKilledFailsClosedSlices is TestLimitsRedisKilledFailsClosed
+// with quota slices on (--limit-slices): the budget and rpm keys are
+// admitted from slices until the kill; a data plane stops using them at
+// once (its connection breaks), at the latest one slice tick plus the call
+// timeout after it (lfSliceGrace), and fails closed from then on.
+func TestLimitsRedisKilledFailsClosedSlices(t *testing.T) {
+	lfRedisFault(t, lfKill, true)
 }
 
 // TestLimitsRedisStoppedFailsClosed: SIGSTOP of the limits store (the
@@ -61,14 +70,29 @@ func TestLimitsRedisKilledFailsClosed(t *testing.T) {
 // timed out yet ran in Redis after SIGCONT ("ghosts") must leave no budget
 // reservation and no lease behind (the proxy cancels them).
 func TestLimitsRedisStoppedFailsClosed(t *testing.T) {
-	lfRedisFault(t, lfStop)
+	lfRedisFault(t, lfStop, false)
 }
+
+// TestLimitsRedisStoppedFailsClosedSlices is TestLimitsRedisStoppedFailsClosed
+// with quota slices on: no request sent more than lfSliceGrace after the
+// SIGSTOP is admitted (a data plane uses slices only while Redis answered
+// a call sent less than a tick plus the call timeout ago).
+func TestLimitsRedisStoppedFailsClosedSlices(t *testing.T) {
+	lfRedisFault(t, lfStop, true)
+}
+
+// lfSliceGrace is how long after Redis stops answering a data plane with
+// quota slices may still admit from them: one slice tick (its heartbeat)
+// plus the call timeout, which exact admission waits before failing.
+// (limits.DefaultSliceTick and DefaultCallTimeout, 50 ms each).
+const lfSliceGrace = 100 * time.Millisecond
 
 // lfRedisFault runs load on three keys over four data planes sharing a
 // dedicated redis-server, hurts it (fault), heals it and checks what the
 // upstream and the clients saw. It is not parallel: it asserts a latency
-// bound.
-func lfRedisFault(t *testing.T, fault string) {
+// bound. With sliced, the data planes run with quota slices: requests
+// sent within lfSliceGrace of the fault may still be admitted from them.
+func lfRedisFault(t *testing.T, fault string, sliced bool) {
 	const (
 		preFault  = 2 * time.Second
 		outage    = 3 * time.Second
@@ -92,7 +116,7 @@ func lfRedisFault(t *testing.T, fault string) {
 	var proxies []*proxy
 	for range 4 {
 		proxies = append(proxies, d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
-			c.RedisURL, c.LeaseTTL = rs.url(), leaseTTL
+			c.RedisURL, c.LeaseTTL, c.LimitSlices = rs.url(), leaseTTL, sliced
 		}))
 	}
 	org := lfOrg(t, d, "faults")
@@ -163,6 +187,12 @@ func lfRedisFault(t *testing.T, fault string) {
 	}
 	var rejected []lfRes
 	pre, preLimited := map[string]int{}, map[string]int{}
+	// cut: requests sent before it may have been admitted (with slices,
+	// within the grace after the fault).
+	cut, graced := down, 0
+	if sliced {
+		cut = down.Add(lfSliceGrace)
+	}
 	for _, r := range all {
 		if r.start.Before(down) && r.status == http.StatusOK {
 			pre[r.class]++
@@ -172,6 +202,10 @@ func lfRedisFault(t *testing.T, fault string) {
 		}
 		// Requests sent and answered while the store was down.
 		if r.start.Before(down) || !r.done.Before(healed) {
+			continue
+		}
+		if r.start.Before(cut) && r.status == http.StatusOK {
+			graced++ // from a slice, within the grace
 			continue
 		}
 		require.NoError(t, r.err, "request %s", r.id)
@@ -188,12 +222,15 @@ func lfRedisFault(t *testing.T, fault string) {
 		for id, at := range up.class(k.class).arrivalsBetween(down, healed) {
 			r, ok := byID[id]
 			require.True(t, ok, "upstream saw unknown request %s", id)
-			require.True(t, r.start.Before(down), "%s request %s sent %s after the %s reached the upstream %s after it",
+			require.True(t, r.start.Before(cut), "%s request %s sent %s after the %s reached the upstream %s after it",
 				k.class, id, r.start.Sub(down), fault, at.Sub(down))
 			late++
 		}
 		t.Logf("%s key: %d admitted (%d limited 429) before the %s, %d of them reached the upstream after it (admitted before), resumed %s after the %s ended",
 			k.class, pre[k.class], preLimited[k.class], fault, late, resumed[k.class].Round(time.Millisecond), fault)
+	}
+	if sliced {
+		t.Logf("quota slices on: %d requests sent within %s of the %s admitted from slices; none sent later", graced, lfSliceGrace, fault)
 	}
 	require.GreaterOrEqual(t, len(rejected), 100, "too few rejections to measure a p99")
 	p50, p99, pmax := lfP(rejected, 50), lfP(rejected, 99), lfP(rejected, 100)
@@ -212,7 +249,7 @@ func lfRedisFault(t *testing.T, fault string) {
 	require.LessOrEqual(t, p99, lfRejectP99Bound, "p99 of the rejections while the store is down")
 
 	if fault == lfStop {
-		lfGhosts(t, rs, proxies, d.RedisPrefix, org, keys[0].id, keys[1].id, keys[2].id, up)
+		lfGhosts(t, rs, proxies, d.RedisPrefix, org, keys[0].id, keys[1].id, keys[2].id, up, sliced)
 	}
 }
 
@@ -222,7 +259,12 @@ func lfRedisFault(t *testing.T, fault string) {
 // and forwarded nothing. Every request of a class that reached the
 // upstream consumed one rpm unit and settled its budget reservation to the
 // real cost, so any excess is a ghost admission.
-func lfGhosts(t *testing.T, rs *lfRedis, proxies []*proxy, prefix, org, concKey, budgetKey, rpmKey string, up *lfUpstream) {
+//
+// With sliced, the budget key was admitted from budget slices: what
+// carves that timed out during the freeze took is lost to the window
+// (docs/limits.md, "Quota slices"), so its spend is only checked not to
+// be below the real cost.
+func lfGhosts(t *testing.T, rs *lfRedis, proxies []*proxy, prefix, org, concKey, budgetKey, rpmKey string, up *lfUpstream, sliced bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	for _, p := range proxies {
@@ -253,7 +295,11 @@ func lfGhosts(t *testing.T, rs *lfRedis, proxies []*proxy, prefix, org, concKey,
 	// Timed-out admissions are cancelled (settled with zero usage): a late
 	// execution keeps no budget reservation and no lease. Its rpm unit is
 	// not given back (documented).
-	require.Equal(t, budUp*lfCostMicros, spend, "budget spend equals the real cost of what reached the upstream: no ghost reservation")
+	if sliced {
+		require.GreaterOrEqual(t, spend, budUp*lfCostMicros, "budget spend below the real cost of what reached the upstream")
+	} else {
+		require.Equal(t, budUp*lfCostMicros, spend, "budget spend equals the real cost of what reached the upstream: no ghost reservation")
+	}
 	require.Equal(t, up.class("conc").inFlight.Load(), leases, "no ghost lease")
 }
 

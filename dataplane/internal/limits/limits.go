@@ -273,6 +273,10 @@ type Lease struct {
 	localTPM  bool
 	localHold bool
 	localDone atomic.Bool
+	// pwait are the sliced concurrency scopes the request was admitted
+	// in exactly (no free slot): slot demand until it settles (waitDone).
+	pwait    []*sliceScope
+	waitDone atomic.Bool
 	// promote is set for a request admitted entirely from slices with a
 	// Report: its first renewal half a renew interval after born writes its
 	// record (recorded), so a sweeper publishes its usage event if its data
@@ -477,6 +481,11 @@ func New(cfg Config) (*Limiter, error) {
 	} else {
 		l.store = goRedisStore{c: cfg.Client}
 	}
+	if l.slices != nil {
+		// Every answered call proves Redis alive (slices are used only
+		// while it is, slices.go).
+		l.store = liveStore{store: l.store, s: l.slices}
+	}
 	return l, nil
 }
 
@@ -638,9 +647,10 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		// and the scope indexes stay those of req.
 		return l.admitExact(ctx, req, units)
 	}
-	takes, rest, hdr := l.slices.take(&req)
+	takes, rest, hdr, waits := l.slices.take(&req)
 	if len(takes) == 0 {
-		return l.admitExact(ctx, req, units)
+		d, err := l.admitExact(ctx, req, units)
+		return l.slices.withWaits(d, err, waits), err
 	}
 	lease := &Lease{orgID: req.OrgID, requestID: req.RequestID, est: req.EstTokens, reserved: req.MaxCostMicros, local: takes}
 	for _, tk := range takes {
@@ -661,14 +671,17 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	sub.Scopes = rest
 	if units, err = validate(&sub); err != nil {
 		l.slices.rollback(takes)
+		l.slices.unwait(waits)
 		return Decision{}, err
 	}
 	d, err := l.admitExact(ctx, sub, units)
 	if err != nil || !d.Allowed {
 		l.slices.rollback(takes)
+		l.slices.unwait(waits)
 		return d, err
 	}
 	d.Lease.local, d.Lease.localTPM, d.Lease.localHold = takes, lease.localTPM, lease.localHold
+	d.Lease.pwait = waits
 	d.Headers = mergeHeaders(d.Headers, hdr)
 	return d, nil
 }
@@ -962,6 +975,9 @@ func (l *Limiter) SettleBatch(ctx context.Context, items []SettleItem) ([]Settle
 	byOrg := map[string]int{}
 	var localAlerts map[int][]BudgetAlert
 	for i, it := range items {
+		if it.Lease.pwait != nil && l.slices != nil && it.Lease.waitDone.CompareAndSwap(false, true) {
+			l.slices.unwait(it.Lease.pwait)
+		}
 		if it.Lease.local != nil && l.slices != nil && it.Lease.settleLocal() {
 			if al := l.slices.settle(it.Lease.local, it.Tokens, it.CostMicros, it.Cancel); len(al) > 0 {
 				if localAlerts == nil {

@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"math"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
 	"github.com/sluicegw/sluice/internal/budget"
 )
 
@@ -32,11 +37,20 @@ import (
 //     back what was not spent. Whatever a slice holds is counted in Redis
 //     from the carve on, so the fleet's spend never exceeds what exact
 //     admission allows.
+//     The slices of a scope are held under a budget lease (carve.lua's
+//     'bh' entry: what they put in the spend, a watermark, an expiry):
+//     requests take from them only below the watermark Redis holds, so
+//     when a dead data plane's lease expires the next carve of the scope
+//     gives back all but the watermark's worth.
 //   - concurrency: lease members of this data plane in the scope's lease set
 //     ("<instance>:<n>"), scored by their lease expiry like any request's
 //     lease, renewed by the worker every RenewInterval and removed when given
 //     back. A member is used by one request at a time, so the fleet's count
 //     stays exact; a dead data plane's members expire with the lease TTL.
+//
+// Slices are used only while Redis answers (live): a data plane whose
+// calls went unanswered for a tick plus the call timeout, or whose
+// connection broke, admits exactly, and so fails closed as without slices.
 //
 // What slices did not use, refunds and debts are returned by the slice
 // worker (RunSlices), in the same carve.lua call that carves the next
@@ -189,6 +203,13 @@ type sliceScope struct {
 	rateB    float64
 	bbackoff time.Time
 	alerts   []BudgetAlert // crossed by carves, handed to the next settlement
+	// The budget lease (carve.lua's 'bh' entry of this data plane): bN is
+	// what requests took from the slices and did not give back, bB the
+	// watermark Redis holds (bN never exceeds it: a take that would waits
+	// for a call raising it), bsent when the last call renewing the lease
+	// was sent (slices are not used once the lease may have expired).
+	bN, bB int64
+	bsent  time.Time
 
 	// Concurrency slices: members of the scope's lease set.
 	par      int64 // the limit the members were carved under
@@ -197,6 +218,7 @@ type sliceScope struct {
 	pall     map[string]struct{} // members held (free or in use)
 	pgone    []string            // members to remove from Redis
 	puse     int64               // members in use
+	pexact   int64               // requests in flight admitted exactly (no free member)
 	pseq     int64               // members named so far
 	psent    time.Time           // when the last renewal of every member was sent (answered)
 	plost    bool                // renewals failed for too long: members unusable
@@ -237,11 +259,125 @@ type slicer struct {
 	// calls counts the worker's carve.lua calls (tests, benchmarks).
 	calls atomic.Int64
 	now   func() time.Time
+	// Redis liveness (fail closed, as exact admission does): slices are
+	// used only while a call sent less than liveWindow ago was answered
+	// (aliveSent, unix ns) and no connection error was seen since it was
+	// sent (lostAt). Every call of the limiter counts (liveStore); the
+	// worker pings Redis every tick when it sends nothing else.
+	aliveSent atomic.Int64
+	lostAt    atomic.Int64
+	pings     atomic.Int64
+	held      atomic.Bool // the slicer holds scopes (heartbeats needed)
+	// wake kicks the worker when a request found no slice (at most one
+	// early tick per Tick/5); lastTick is when the last tick ran.
+	wake     chan struct{}
+	tmu      sync.Mutex
+	lastTick time.Time
+}
+
+// kick asks the worker for an early tick: a request found no usable
+// slice, so the carve for it need not wait for the next Tick.
+func (s *slicer) kick() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// liveWindow is how long an answered call keeps slices usable: one tick
+// (the heartbeat's period) plus the call timeout (what exact admission
+// waits before it fails closed).
+func (s *slicer) liveWindow() time.Duration { return s.cfg.Tick + s.lim.cfg.CallTimeout }
+
+// live reports whether Redis answered recently enough for slices to be
+// used at now.
+func (s *slicer) live(now time.Time) bool {
+	a := s.aliveSent.Load()
+	return a > s.lostAt.Load() && now.UnixNano() < a+int64(s.liveWindow())
+}
+
+// observe records the outcome of a call sent at sent: an answer (a reply,
+// even an error reply) proves Redis alive; a broken or refused connection
+// stops the use of slices at once. A timeout changes nothing: slices stop
+// when no answer came for liveWindow.
+func (s *slicer) observe(sent time.Time, err error) {
+	if err == nil || replyError(err) {
+		t := sent.UnixNano()
+		for {
+			a := s.aliveSent.Load()
+			if a >= t || s.aliveSent.CompareAndSwap(a, t) {
+				return
+			}
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return
+	}
+	s.lostAt.Store(s.now().UnixNano())
+}
+
+// replyError reports whether err is an error reply of Redis.
+func replyError(err error) bool {
+	var pe redispipe.Error
+	if errors.As(err, &pe) {
+		return true
+	}
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// liveStore is the limiter's store with slices on: it feeds every call's
+// outcome to the slicer's liveness.
+type liveStore struct {
+	store
+	s *slicer
+}
+
+func (w liveStore) eval(ctx context.Context, sc *script, c scriptCall) ([]int64, error) {
+	sent := w.s.now()
+	v, err := w.store.eval(ctx, sc, c)
+	w.s.observe(sent, err)
+	return v, err
+}
+
+func (w liveStore) evalBatch(ctx context.Context, sc *script, calls []scriptCall) ([][]int64, []error) {
+	sent := w.s.now()
+	v, errs := w.store.evalBatch(ctx, sc, calls)
+	for _, err := range errs {
+		if err == nil {
+			w.s.observe(sent, nil)
+			break
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			w.s.observe(sent, err)
+		}
+	}
+	return v, errs
+}
+
+func (w liveStore) ping(ctx context.Context) error {
+	sent := w.s.now()
+	err := w.store.ping(ctx)
+	w.s.observe(sent, err)
+	return err
+}
+
+func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
+	sent := w.s.now()
+	err := w.store.setNX(ctx, key, v)
+	w.s.observe(sent, err)
+	return err
 }
 
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	cfg.defaults()
-	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now}
+	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1)}
 }
 
 // rateOK reports whether a scope's rate limits may be sliced.
@@ -316,8 +452,17 @@ func sameBudget(a, b *Budget) bool {
 // zeroed; scopes left with nothing to check left out). headers are the
 // local rate headers of the scopes taken. Limits that could not be taken
 // record their demand, so the worker carves for them.
-func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders) {
+func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders, waits []*sliceScope) {
 	now := s.now()
+	// Redis did not answer lately: admitted exactly (and so fail closed
+	// within the call timeout, as without slices); demand is recorded.
+	live := s.live(now)
+	kick := false
+	defer func() {
+		if kick {
+			s.kick()
+		}
+	}()
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
 		okR, okB, okP := s.rateOK(sc), s.budgetOK(sc), s.parOK(sc)
@@ -349,7 +494,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			st.lastUse = now
 			for j := range st.held {
 				h := &st.held[j]
-				if h.deadline.After(now) && h.r >= needR && h.t >= needT {
+				if live && h.deadline.After(now) && h.r >= needR && h.t >= needT {
 					h.r -= needR
 					h.t -= needT
 					takes = append(takes, sliceTake{sc: st, kind: takeRate, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
@@ -368,9 +513,11 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			st.lastUse, st.lastBud = now, now
 			for j := range st.bheld {
 				h := &st.bheld[j]
-				if h.deadline.After(now) && h.free >= cost {
+				if live && h.deadline.After(now) && h.free >= cost && st.bN+cost <= st.bB &&
+					now.Before(st.bsent.Add(s.lim.cfg.LeaseTTL-s.lim.cfg.RenewInterval)) {
 					h.free -= cost
-					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch})
+					st.bN += cost
+					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch, gen: st.bgen})
 					tookB = true
 					break
 				}
@@ -378,16 +525,24 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		}
 		if okP {
 			st.lastUse, st.lastPar = now, now
-			if n := len(st.pfree); n > 0 && st.parUsableLocked(now, s.lim.cfg.RenewInterval) {
+			if n := len(st.pfree); n > 0 && live && st.parUsableLocked(now, s.lim.cfg.RenewInterval) {
 				m := st.pfree[n-1]
 				st.pfree = st.pfree[:n-1]
 				st.puse++
 				takes = append(takes, sliceTake{sc: st, kind: takePar, member: m, gen: st.pgen})
 				tookP = true
-				st.pdemand = max(st.pdemand, st.puse)
+				st.pdemand = max(st.pdemand, st.puse+st.pexact)
 			} else {
-				st.pdemand = max(st.pdemand, st.puse+1)
+				// Admitted exactly: still demand for a slot until it ends
+				// (so a jump in concurrency is carved for in one tick).
+				st.pexact++
+				st.pdemand = max(st.pdemand, st.puse+st.pexact)
+				waits = append(waits, st)
 			}
+		}
+		if !st.inflight && ((okR && !tookR && !now.Before(st.backoff)) || (okB && !tookB && !now.Before(st.bbackoff)) ||
+			(okP && !tookP && !now.Before(st.pbackoff))) {
+			kick = true
 		}
 		st.mu.Unlock()
 		if tookR || tookB || tookP {
@@ -406,7 +561,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		}
 	}
 	if rest == nil {
-		return nil, req.Scopes, hdr
+		return nil, req.Scopes, hdr, waits
 	}
 	out := rest[:0]
 	for _, sc := range rest {
@@ -414,7 +569,16 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			out = append(out, sc)
 		}
 	}
-	return takes, out, hdr
+	return takes, out, hdr, waits
+}
+
+// unwait ends the slot demand of an exact admission (take's waits).
+func (s *slicer) unwait(waits []*sliceScope) {
+	for _, st := range waits {
+		st.mu.Lock()
+		st.pexact = max(st.pexact-1, 0)
+		st.mu.Unlock()
+	}
 }
 
 // limitsLocked revokes the slices of each kind whose limits changed (to
@@ -558,6 +722,9 @@ func (s *slicer) giveBackBudget(tk sliceTake, amount int64) {
 	now := s.now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if amount > 0 && tk.gen == st.bgen {
+		st.bN = max(st.bN-amount, 0)
+	}
 	if amount > 0 {
 		for j := range st.bheld {
 			h := &st.bheld[j]
@@ -681,6 +848,10 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 	}
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
+	hctx, stopBeat := context.WithCancel(ctx)
+	beat := make(chan struct{})
+	go func() { defer close(beat); s.heartbeat(hctx) }()
+	defer func() { stopBeat(); <-beat }()
 	for {
 		select {
 		case <-ctx.Done():
@@ -688,6 +859,13 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 			return nil
 		case <-t.C:
 			s.tick(ctx, false)
+		case <-s.wake:
+			s.tmu.Lock()
+			early := s.now().Sub(s.lastTick) >= s.cfg.Tick/5
+			s.tmu.Unlock()
+			if early {
+				s.tick(ctx, false)
+			}
 		}
 	}
 }
@@ -722,6 +900,8 @@ type carveItem struct {
 	bunit budget.Unit
 	wantB int64
 	brets map[bretKey]int64
+	bwm   int64 // the watermark asked for
+	bsend bool  // the lease is renewed or its watermark raised
 	// concurrency
 	pgen   uint64
 	par    int64
@@ -738,15 +918,28 @@ type carveItem struct {
 // carves.
 func (s *slicer) tick(ctx context.Context, final bool) {
 	now := s.now()
-	tickSec := s.cfg.Tick.Seconds()
+	// The time since the last tick (a tick may come early, kicked by a
+	// request that found no slice): rates are per second of it, and the
+	// moving averages and decays are per Tick of it.
+	s.tmu.Lock()
+	dt := s.cfg.Tick
+	if !s.lastTick.IsZero() {
+		dt = min(max(now.Sub(s.lastTick), s.cfg.Tick/10), 10*s.cfg.Tick)
+	}
+	s.lastTick = now
+	s.tmu.Unlock()
+	tickSec := dt.Seconds()
+	ticks := float64(dt) / float64(s.cfg.Tick)
+	alpha := 1 - math.Pow(0.8, ticks)
+	decB, decP := math.Pow(15.0/16, ticks), math.Pow(0.97, ticks)
 	bucket := s.lim.cfg.rateBucket
 	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
 	byOrg := map[string][]carveItem{}
 	var idle []sliceKey
 	s.mu.RLock()
+	held := len(s.m) > 0
 	for k, st := range s.m {
 		st.mu.Lock()
-		const alpha = 0.2
 		// Rate: expired slices give back what they did not use.
 		kept := st.held[:0]
 		for _, h := range st.held {
@@ -785,12 +978,12 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			it.rets = st.rets
 			st.rets = map[int64]sliceRet{}
 		}
-		s.tickBudgetLocked(st, &it, now, final)
-		s.tickParLocked(st, &it, now, final, ttl, iv, tickSec)
-		if st.bud != nil && (it.wantB > 0 || it.brets != nil) {
+		s.tickBudgetLocked(st, &it, now, final, decB)
+		s.tickParLocked(st, &it, now, final, ttl, iv, decP)
+		if st.bud != nil && (it.wantB > 0 || it.brets != nil || it.bsend) {
 			it.bud, it.bunit = st.bud, st.bunit
 		}
-		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil ||
+		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil || it.bsend ||
 			it.wantP > 0 || it.gone != nil || it.parRen
 		if send && !st.inflight {
 			st.inflight = true
@@ -820,8 +1013,40 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 		}
 		s.mu.Unlock()
 	}
+	s.held.Store(held)
 	if len(byOrg) > 0 {
 		s.carve(ctx, byOrg)
+	} else if !final && held && now.UnixNano()-s.aliveSent.Load() >= int64(s.cfg.Tick/2) {
+		// Nothing else to send, and slices may be in use: a ping (as the
+		// heartbeat sends between ticks).
+		s.pings.Add(1)
+		pctx, cancel := context.WithTimeout(ctx, s.lim.cfg.CallTimeout)
+		_ = s.lim.store.ping(pctx)
+		cancel()
+	}
+}
+
+// heartbeat pings Redis every Tick/5 while the slicer holds scopes and no
+// other answered call was sent since the last beat, one ping at a time
+// (each waits up to liveWindow): so slices stay usable while Redis answers
+// within about the call timeout, whatever the worker's own calls do.
+func (s *slicer) heartbeat(ctx context.Context) {
+	every := max(s.cfg.Tick/5, time.Millisecond)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !s.held.Load() || s.now().UnixNano()-s.aliveSent.Load() < int64(every) {
+			continue
+		}
+		s.pings.Add(1)
+		pctx, cancel := context.WithTimeout(ctx, s.liveWindow())
+		_ = s.lim.store.ping(pctx)
+		cancel()
 	}
 }
 
@@ -839,7 +1064,14 @@ func (st *sliceScope) requeueLocked(it *carveItem) {
 
 // tickBudgetLocked expires budget slices, gives back the free ones of a
 // scope without demand, and decides the budget carve of it.
-func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool) {
+func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, final bool, dec float64) {
+	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
+	if len(st.bheld) > 0 && !now.Before(st.bsent.Add(ttl-iv)) {
+		// The lease was not renewed for a lease TTL less a renew
+		// interval: it may expire (and its slices be reclaimed), so they
+		// are not used again.
+		st.revokeBudgetLocked()
+	}
 	linger := now.Sub(st.lastBud) > s.cfg.Linger
 	kept := st.bheld[:0]
 	for _, h := range st.bheld {
@@ -850,10 +1082,20 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 		}
 	}
 	st.bheld = kept
-	st.maxB = st.maxB * 15 / 16
+	st.maxB = int64(float64(st.maxB) * dec)
 	if len(st.brets) > 0 {
 		it.brets = st.brets
 		st.brets = map[bretKey]int64{}
+	}
+	// The watermark: what requests may take from the slices before the
+	// next call, a few ticks of demand ahead (what a data plane that dies
+	// may have spent unseen; the rest of its slices is reclaimed when its
+	// lease expires). Raised when less than half of that is left; the
+	// lease is renewed once per renew interval while slices are held.
+	ahead := int64(math.Ceil(st.rateB*20*s.cfg.Tick.Seconds())) + 4*st.maxB + 1
+	it.bwm = max(st.bB, st.bN+ahead)
+	if !final && st.bud != nil && len(st.bheld) > 0 && (st.bB-st.bN < ahead/2 || now.Sub(st.bsent) >= iv-s.cfg.Tick) {
+		it.bsend = true
 	}
 	if final || linger || st.bud == nil || st.bud.CapMicros < s.cfg.MinBudgetMicros || st.inflight || now.Before(st.bbackoff) {
 		return
@@ -878,10 +1120,9 @@ func (s *slicer) tickBudgetLocked(st *sliceScope, it *carveItem, now time.Time, 
 // to renew (every held one, once per renew interval), to give back (free
 // ones beyond twice the demand, all of them once the scope lingers) and
 // to carve (up to one and a half times the peak demand).
-func (s *slicer) tickParLocked(st *sliceScope, it *carveItem, now time.Time, final bool, ttl, iv time.Duration, tickSec float64) {
-	_ = tickSec
-	st.ppeak = max(float64(st.pdemand), st.ppeak*0.97)
-	st.pdemand = st.puse
+func (s *slicer) tickParLocked(st *sliceScope, it *carveItem, now time.Time, final bool, ttl, iv time.Duration, dec float64) {
+	st.ppeak = max(float64(st.pdemand), st.ppeak*dec)
+	st.pdemand = st.puse + st.pexact
 	if len(st.pall) > 0 && !st.plost && !now.Before(st.psent.Add(ttl-iv)) {
 		// Renewals failed for a whole lease TTL less a renew interval: the
 		// members may be given away; none is used again, and the ones in
@@ -1039,7 +1280,7 @@ func (s *slicer) carveFailed(items []carveItem, sent time.Time) {
 
 // carveFixed is the number of fixed values per item in carve.lua's reply
 // (the last one is the number of alert pairs that follow).
-const carveFixed = 15
+const carveFixed = 17
 
 // applyCarve applies one item's reply: o the fixed values, al the alert
 // pairs.
@@ -1059,8 +1300,26 @@ func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.
 		st.bheld = st.bheld[:0]
 		st.brets = map[bretKey]int64{}
 		st.bgen++
+		st.bN, st.bB = 0, 0
 	}
 	st.epoch = epoch
+	if it.bud != nil && st.bgen == it.bgen {
+		if o[15] == 1 {
+			// The lease is new (none was held, or it expired and was
+			// reclaimed): the slices held under the old one are void, and
+			// so are their returns.
+			st.bheld = st.bheld[:0]
+			for k, x := range st.brets {
+				if x > 0 {
+					delete(st.brets, k)
+				}
+			}
+			st.bN = 0
+			st.bgen++
+			it.bgen = st.bgen
+		}
+		st.bB, st.bsent = o[14], it.sent
+	}
 	// Rate.
 	gr, gt, b, life := o[0], o[1], o[2], time.Duration(o[3])*time.Millisecond
 	if gr > 0 || gt > 0 {
@@ -1182,17 +1441,16 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 		}
 		if it.bud == nil {
 			args.str("-")
-			args.int(0)
-			args.int(0)
-			args.int(0)
-			args.int(0)
-			args.int(0)
+			for range 6 {
+				args.int(0)
+			}
 		} else {
 			args.str(it.bunit.Unit)
 			args.int(it.bunit.N)
 			args.int(it.bud.CapMicros)
 			args.int(it.bud.SoftMicros)
 			args.int(it.wantB)
+			args.int(it.bwm)
 			args.int(int64(len(it.brets)))
 			for k, x := range it.brets {
 				args.int(k.widx)
@@ -1265,4 +1523,18 @@ func (l *Limiter) SliceStats() SliceStats {
 		st.mu.Unlock()
 	}
 	return out
+}
+
+// withWaits attaches an exact admission's slot demand to its lease, or
+// ends it when the admission did not admit.
+func (s *slicer) withWaits(d Decision, err error, waits []*sliceScope) Decision {
+	if len(waits) == 0 {
+		return d
+	}
+	if err == nil && d.Allowed && d.Lease != nil {
+		d.Lease.pwait = waits
+	} else {
+		s.unwait(waits)
+	}
+	return d
 }

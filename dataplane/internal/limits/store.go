@@ -88,6 +88,9 @@ type store interface {
 	evalBatch(ctx context.Context, s *script, calls []scriptCall) ([][]int64, []error)
 	// setNX sets key to v unless it exists.
 	setNX(ctx context.Context, key string, v int64) error
+	// ping checks that Redis answers (every master of a cluster): the
+	// slice worker's heartbeat (slices.go).
+	ping(ctx context.Context) error
 }
 
 // goRedisStore runs scripts through go-redis (Script.Run, pipelines).
@@ -139,6 +142,17 @@ func (g goRedisStore) setNX(ctx context.Context, key string, v int64) error {
 	return c.SetNX(ctx, key, v, 0).Err()
 }
 
+func (g goRedisStore) ping(ctx context.Context) error {
+	if cc, ok := g.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return c.Ping(ctx).Err() })
+	}
+	c, ok := g.c.(redis.Cmdable)
+	if !ok {
+		return errors.New("client cannot run PING")
+	}
+	return c.Ping(ctx).Err()
+}
+
 // pipeStore runs scripts through redispipe: concurrent calls share writes
 // and reads (see package redispipe for why the request path uses it).
 type pipeStore struct{ c *redispipe.Client }
@@ -175,5 +189,10 @@ func (p pipeStore) evalBatch(ctx context.Context, s *script, calls []scriptCall)
 
 func (p pipeStore) setNX(ctx context.Context, key string, v int64) error {
 	_, err := p.c.Do(ctx, "SET", key, v, "NX")
+	return err
+}
+
+func (p pipeStore) ping(ctx context.Context) error {
+	_, err := p.c.Do(ctx, "PING")
 	return err
 }

@@ -16,6 +16,16 @@
 -- that window of the same epoch), or charges what they spent above their
 -- reservation (a debt). Alerts are checked when the spend grows, as
 -- settle.lua does (so a carve may fire an alert early, never late).
+-- Budget slices are held under a lease: the field 'bh' of the state hash
+-- holds, for the window it names, one entry per data plane ("<prefix> g b
+-- expiry"): g what its slices put in the spend and did not give back, b
+-- its watermark (it never uses more than b of g without a call raising b
+-- first, so b bounds what it may have spent). Every call of the data plane
+-- for the scope renews its entry (expiry = now + lease TTL); an entry that
+-- expired (a dead data plane) is reclaimed by the next call for the scope:
+-- g - b goes back to the window, b stays spent. Positive returns count only
+-- while the data plane's entry is live (after it expired they may have
+-- been reclaimed already).
 --
 -- concurrency: a slice is lease members "<instance>:<n>" of the data plane
 -- in the scope's lease set, scored by their expiry like any request's
@@ -42,13 +52,13 @@
 --     rate: rpm limit, tpm limit (0 = none), wanted requests, wanted
 --       tokens (0 0: none), number of returns k, then k triples: bucket,
 --       requests, tokens (tokens < 0: a debt to charge)
---     budget: unit ('-': none), n, cap, soft, wanted micro-USD, number of
---       returns kb, then kb triples: window index, epoch, micro-USD (> 0
---       unused, back to that window; < 0 a debt)
+--     budget: unit ('-': none), n, cap, soft, wanted micro-USD, the
+--       watermark b, number of returns kb, then kb triples: window index,
+--       epoch, micro-USD (> 0 unused, back to that window; < 0 a debt)
 --     concurrency: limit (0: none), wanted members, number of the first
 --       new member, number of members to renew r, then r names, number of
 --       members to remove g, then g names
--- Returns {epoch, then per item 15 values and 2a more}: granted requests,
+-- Returns {epoch, then per item 17 values and 2a more}: granted requests,
 --   granted tokens, the bucket they were carved in, ms until that bucket
 --   ends (the slice's life), requests remaining in the window after the
 --   carve, ms until the oldest requests bucket leaves, tokens remaining,
@@ -75,6 +85,26 @@ local nb = math.floor(window_ms / bms)
 local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
 local rate_ttl = window_ms + 3 * bms
+
+-- bh_parse reads the budget leases of window id from a 'bh' field.
+local function bh_parse(s, id)
+  local t = {}
+  if not s then return t end
+  local p = string.find(s, '|', 1, true)
+  if not p or string.sub(s, 1, p - 1) ~= id then return t end
+  for inst, g, b, e in string.gmatch(string.sub(s, p + 1), '([^ |]+) (%-?%d+) (%-?%d+) (%d+)') do
+    t[inst] = { tonumber(g), tonumber(b), tonumber(e) }
+  end
+  return t
+end
+
+local function bh_format(id, t)
+  local parts = { id }
+  for inst, h in pairs(t) do
+    parts[#parts + 1] = string.format('%s %d %d %d', inst, h[1], h[2], h[3])
+  end
+  return table.concat(parts, '|')
+end
 
 local epoch = ensure_epoch(now)
 local quarantined = epoch + quarantine > now
@@ -166,25 +196,41 @@ for i = 1, n do
 
   -- Budget.
   local unit, bn, cap, soft = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local want_b, kb = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-  a = a + 6
+  local want_b, wm, kb = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+  a = a + 7
   local gb, widx, wleft, brem = 0, 0, 0, 0
+  local bwm, breset = 0, 0
   local alerts = {}
   if unit ~= '-' then
     local idx, _, we = budget_window(unit, bn, now_s)
     local id = bw_id(unit, bn, idx)
     widx, wleft = idx, we * 1000 - now
-    local fields = { 'bw', 'bs', 'bsoft' }
+    local fields = { 'bw', 'bs', 'bsoft', 'bh' }
     for j = 1, m do fields[#fields + 1] = 'ba' .. thresholds[j] end
     local v = redis.call('HMGET', hk, unpack(fields))
     local held = v[1]
     local spend = tonumber(v[2]) or 0
     local grew = false
     local changed = false
+    -- Budget leases: reclaim the expired ones (g - b back to the window).
+    local hs = bh_parse(v[4], held)
+    local hchanged = false
+    for inst, h in pairs(hs) do
+      if h[3] <= now then
+        spend = math.max(spend - math.max(h[1] - h[2], 0), 0)
+        hs[inst] = nil
+        changed, hchanged = true, true
+      end
+    end
+    local mine = hs[mprefix]
     for _ = 1, kb do
       local w, ep, x = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
       a = a + 3
-      if ep == epoch then
+      if x > 0 and mine == nil then
+        -- The lease these slices were held under is gone (reclaimed, or
+        -- another window): what they did not use may be back already.
+      elseif ep == epoch then
+        if mine and x > 0 and held == bw_id(unit, bn, w) then mine[1] = math.max(mine[1] - x, 0) end
         if held == bw_id(unit, bn, w) then
           -- Back to (or charged in) the window it was carved in.
           spend = math.max(spend - x, 0)
@@ -201,6 +247,7 @@ for i = 1, n do
     if want_b > 0 and state == 'older' then
       -- A new window of an intact state starts at zero (as in admit.lua).
       held, spend, state, changed = id, 0, 'current', true
+      hs, mine, hchanged = {}, nil, true
       redis.call('HSET', hk, 'bw', id)
       redis.call('EXPIREAT', hk, we + 3600)
     end
@@ -212,14 +259,33 @@ for i = 1, n do
         changed, grew = true, true
       end
     end
+    -- This data plane's lease: renewed, or made when it carves.
+    if mine == nil then
+      breset = 1
+      if gb > 0 then
+        mine = { 0, 0, 0 }
+        hs[mprefix] = mine
+      end
+    end
+    if mine then
+      mine[1] = mine[1] + gb
+      mine[2] = math.max(mine[2], wm)
+      mine[3] = now + lease_ttl
+      bwm = mine[2]
+      hchanged = true
+    end
     if held == id then brem = math.max(cap - spend, 0) end
-    if changed then
+    if changed or hchanged then
       local set = { 'bs', spend }
+      if hchanged and held then
+        set[#set + 1] = 'bh'
+        set[#set + 1] = bh_format(held, hs)
+      end
       if grew and held == id then
         if cap > 0 then
           for j = 1, m do
             local pct = thresholds[j]
-            if v[3 + j] ~= id and spend * 100 >= cap * pct then
+            if v[4 + j] ~= id and spend * 100 >= cap * pct then
               set[#set + 1] = 'ba' .. pct
               set[#set + 1] = id
               alerts[#alerts + 1] = { pct, spend }
@@ -288,6 +354,8 @@ for i = 1, n do
   out[#out + 1] = brem
   out[#out + 1] = gp
   out[#out + 1] = live
+  out[#out + 1] = bwm
+  out[#out + 1] = breset
   out[#out + 1] = #alerts
   for _, x in ipairs(alerts) do
     out[#out + 1] = x[1]
