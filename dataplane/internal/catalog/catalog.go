@@ -377,29 +377,38 @@ func (c *Catalog) Apply(ev *configv1.Event, regionSeq uint64) (*Catalog, error) 
 	return &n, nil
 }
 
+// applyBlock replaces the blocked object with a copy whose Blocked is the
+// event's (every other field, created_at included, kept as it was).
 func (n *Catalog) applyBlock(c *Catalog, b *configv1.BlockChange) error {
 	id, blocked := b.GetId(), b.GetBlocked()
 	switch b.GetObjectType() {
 	case "org":
 		if o := c.orgs[id]; o != nil {
 			n.orgs = maps.Clone(c.orgs)
-			n.orgs[id] = &configv1.Org{Id: o.Id, Limits: o.Limits, Blocked: blocked, Traffic: o.Traffic}
+			no := proto.CloneOf(o)
+			no.Blocked = blocked
+			n.orgs[id] = no
 		}
 	case "team":
 		if t := c.teams[id]; t != nil {
 			n.teams = maps.Clone(c.teams)
-			n.teams[id] = &configv1.Team{Id: t.Id, OrgId: t.OrgId, Limits: t.Limits, Blocked: blocked,
-				TrafficClass: t.TrafficClass, ModelGroupAliases: t.ModelGroupAliases, Name: t.Name, Fallbacks: t.Fallbacks}
+			nt := proto.CloneOf(t)
+			nt.Blocked = blocked
+			n.teams[id] = nt
 		}
 	case "user":
 		if u := c.users[id]; u != nil {
 			n.users = maps.Clone(c.users)
-			n.users[id] = &configv1.User{Id: u.Id, OrgId: u.OrgId, Limits: u.Limits, Blocked: blocked, Email: u.Email}
+			nu := proto.CloneOf(u)
+			nu.Blocked = blocked
+			n.users[id] = nu
 		}
 	case "customer":
 		if cu := c.customers[id]; cu != nil {
 			n.customers, n.byExternal = maps.Clone(c.customers), maps.Clone(c.byExternal)
-			n.putCustomer(cu, &configv1.Customer{Id: cu.Id, OrgId: cu.OrgId, ExternalId: cu.ExternalId, Limits: cu.Limits, Blocked: blocked})
+			nc := proto.CloneOf(cu)
+			nc.Blocked = blocked
+			n.putCustomer(cu, nc)
 		}
 	case "key":
 		if k := c.keys[id]; k != nil {
