@@ -226,6 +226,13 @@ type Config struct {
 	// model group's resilience settings override them.
 	EjectionBase, EjectionMax time.Duration
 	PanicThresholdPercent     int
+	// NoStreamProbation turns the stream probation off (--stream-probation
+	// =false; on by default): streams to a deployment this instance has
+	// not yet seen stream cleanly (or that cut a stream or was ejected
+	// since) are held back from their client until the first clean one,
+	// at most 2 s, so that a cut within the hold is retried elsewhere
+	// (docs/resilience.md, "Stream probation").
+	NoStreamProbation bool
 	// Active health checks of every engine's /health: interval (default
 	// 5 s), per-probe timeout (1 s), failures in a row that take a
 	// deployment out (2) and successes that bring it back (1);

@@ -174,6 +174,7 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		TTFTTimeout: cfg.TTFTTimeout, NoTTFTTimeout: cfg.NoTTFTTimeout, RetryBudgetRatio: cfg.RetryBudgetRatio, RetryBudgetMin: cfg.RetryBudgetMin,
 		MaxEjectionPercent: cfg.MaxEjectionPercent, ParkMax: cfg.ParkMax,
 		EjectionBase: cfg.EjectionBase, EjectionMax: cfg.EjectionMax, PanicThresholdPercent: cfg.PanicThresholdPercent,
+		NoStreamProbation:   cfg.NoStreamProbation,
 		HealthCheckInterval: cfg.HealthCheckInterval, HealthCheckTimeout: cfg.HealthCheckTimeout,
 		HealthCheckUnhealthy: cfg.HealthCheckUnhealthy, HealthCheckHealthy: cfg.HealthCheckHealthy, NoHealthChecks: cfg.NoHealthChecks,
 		EngineMetricsInterval: cfg.EngineMetricsInterval, EngineMetricsMaxAge: cfg.EngineMetricsMaxAge, NoEngineMetrics: cfg.NoEngineMetrics,

@@ -50,6 +50,8 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	parkMax := fs.Duration("park-max", dataplane.DefaultParkMax, "cap of a deployment's parking for an engine's Retry-After, whatever it asks")
 	ejectBase := fs.Duration("ejection-base", dataplane.DefaultEjectionBase, "first ejection of a deployment after consecutive failures, doubling up to --ejection-max while it keeps failing (a model group may override it)")
 	ejectMax := fs.Duration("ejection-max", dataplane.DefaultEjectionMax, "longest ejection of a failing deployment (a model group may override it)")
+	probation := fs.Bool("stream-probation", true,
+		"hold back streams to a deployment this proxy has not yet seen stream cleanly (fresh start, new deployment, after a cut or ejection) until one proves it, at most 2 s, so a cut within the hold is retried elsewhere (false: only a half-open probe's stream is held)")
 	panicPct := fs.Int("panic-threshold", 0, "when more than this percent of a model group's deployments is out, route to all of them as if healthy (0: off; a model group may override it)")
 	hcInterval := fs.Duration("health-check-interval", dataplane.DefaultHealthCheckInterval,
 		"interval of the active health checks of every engine's /health (0: off)")
@@ -142,6 +144,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		MaxBodyBytes: *maxBody, RequestTimeout: *timeout, MaxRetries: *retries, NoRetries: *retries == 0,
 		TTFTTimeout: *ttft, NoTTFTTimeout: *ttft == 0, RetryBudgetRatio: *budget, RetryBudgetMin: *budgetMin,
 		MaxEjectionPercent: *maxEject, ParkMax: *parkMax, EjectionBase: *ejectBase, EjectionMax: *ejectMax, PanicThresholdPercent: *panicPct,
+		NoStreamProbation:   !*probation,
 		HealthCheckInterval: *hcInterval, NoHealthChecks: *hcInterval == 0, HealthCheckTimeout: *hcTimeout,
 		HealthCheckUnhealthy: *hcUnhealthy, HealthCheckHealthy: *hcHealthy,
 		EngineMetricsInterval: *emInterval, NoEngineMetrics: *emInterval == 0, EngineMetricsMaxAge: *emMaxAge,

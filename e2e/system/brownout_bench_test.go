@@ -48,10 +48,14 @@ func envOr(name string, def int) int {
 // time to each return (half-open probe), the largest share of the pool
 // any request found out of rotation. Then the amplification check:
 // openai-go with its default retries against a pool where every engine
-// answers 503.
+// answers 503. SLUICE_BENCH_BROWNOUT_PROBATION=off runs the proxies with
+// --stream-probation=false (the behaviour before the stream probation,
+// for a baseline); the held streams are reported by deployment, reason
+// and outcome.
 func BenchmarkBrownout(b *testing.B) {
 	rate := envOr("SLUICE_BENCH_BROWNOUT_RATE", 200)
 	dur := time.Duration(envOr("SLUICE_BENCH_BROWNOUT_SECONDS", 60)) * time.Second
+	noProbation := os.Getenv("SLUICE_BENCH_BROWNOUT_PROBATION") == "off"
 	d := startDist(b)
 	ctx := context.Background()
 	mk := func(edit func(*vllmsim.Config)) *vllmsim.Server {
@@ -83,7 +87,7 @@ func BenchmarkBrownout(b *testing.B) {
 	ten := d.NewTenant("brownout-bench")
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.MaxRetries = 3 }))
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.MaxRetries, c.NoStreamProbation = 3, noProbation }))
 	}
 	for _, p := range ps {
 		harness.Eventually(b, func() bool {
@@ -250,6 +254,18 @@ func BenchmarkBrownout(b *testing.B) {
 		for _, name := range []string{"flaky", "limited", "cutter", "slow"} {
 			b.Logf("brownout: attempts at %-7s by standing/outcome: %v", name, byDep[name])
 		}
+		b.Logf("brownout: stream probation %v", !noProbation)
+		for _, name := range []string{"flaky", "limited", "cutter", "slow"} {
+			holds := map[string]float64{}
+			for _, p := range ps {
+				for k, v := range streamHolds(b, p.DP.Gatherer(), ids[name]) {
+					holds[k] += v
+				}
+			}
+			b.Logf("brownout: held streams at %-7s by reason/outcome: %v; proven %.0f, back on probation %.0f times", name, holds,
+				sum("sluice_proxy_stream_probation_total", map[string]string{"deployment": ids[name], "event": "proven"}),
+				sum("sluice_proxy_stream_probation_total", map[string]string{"deployment": ids[name], "event": "revoked"}))
+		}
 		b.Logf("brownout: the 429ing engine received %.0f requests, %.0f of them picked while parked (target 0); seen from outside: %.0f 429s 1-30 s after the one that parked it at the same proxy",
 			limitedReceived, limitedWhileParked, limited429Beyond)
 		for i, evs := range cutterEvents {
@@ -364,4 +380,34 @@ func deploymentErrors(tb testing.TB, g prometheus.Gatherer, id string) float64 {
 		}
 	}
 	return v
+}
+
+// streamHolds reads sluice_proxy_stream_holds_total of deployment id by
+// "reason/outcome".
+func streamHolds(tb testing.TB, g prometheus.Gatherer, id string) map[string]float64 {
+	mfs, err := g.Gather()
+	require.NoError(tb, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_proxy_stream_holds_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var dep, reason, outcome string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "deployment":
+					dep = l.GetValue()
+				case "reason":
+					reason = l.GetValue()
+				case "outcome":
+					outcome = l.GetValue()
+				}
+			}
+			if dep == id {
+				out[reason+"/"+outcome] += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
 }

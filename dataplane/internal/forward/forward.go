@@ -62,6 +62,15 @@ type Exchange interface {
 	Relaying(streamed bool)
 	// FirstByte records that the first event of a stream was relayed.
 	FirstByte()
+	// FirstEvent records that the engine sent a stream's first event
+	// (relayed, or held back: Policy.Probe, Policy.Probation): its
+	// prefill is over.
+	FirstEvent()
+	// StreamHold records how a held stream's hold ended (reason
+	// HoldProbe or HoldProbation; outcome HoldDone, HoldReleased,
+	// HoldBounds, HoldCut, HoldAborted) and how long its first event was
+	// held.
+	StreamHold(reason, outcome string, held time.Duration)
 	// Usage records the usage the upstream reported.
 	Usage(*openai.Usage)
 	// ContentChunk counts a relayed stream chunk carrying text.
@@ -98,6 +107,17 @@ type Forwarder struct {
 	// and ejections by deployment and reason (the gateway's metrics).
 	UpstreamError func(deployment, kind string)
 	Ejection      func(deployment, reason string)
+	// Hold counts held streams by deployment, reason and outcome;
+	// Probation counts a deployment's stream probation ending ("proven")
+	// and starting again ("revoked"). Nil: not counted.
+	Hold      func(deployment, reason, outcome string)
+	Probation func(deployment, event string)
+}
+
+func (f *Forwarder) probation(dep, event string) {
+	if f.Probation != nil {
+		f.Probation(dep, event)
+	}
 }
 
 // Policy is the resilience settings of one attempt, from the model group
@@ -113,11 +133,19 @@ type Policy struct {
 	// ends cleanly, or ProbeHoldMax / ProbeHoldBytes pass, so that a cut
 	// within the hold is retried elsewhere instead of reaching the client.
 	Probe bool
+	// Probation turns the stream probation on (--stream-probation): a
+	// stream to a deployment on probation (upstream.Probation: not yet
+	// seen streaming cleanly by this instance, or cut or ejected since)
+	// is held like a probe's; the first stream that ends cleanly or
+	// outlives the hold proves the deployment and releases the streams
+	// held on it; a cut puts it back on probation.
+	Probation bool
 }
 
-// A probe's stream (Policy.Probe) is held back until it ends, at most
-// ProbeHoldMax after its first event (checked at each event) or
-// ProbeHoldBytes of events; then it is relayed as any other.
+// A held stream (Policy.Probe, Policy.Probation) is held back until it
+// ends, at most ProbeHoldMax after its first event or ProbeHoldBytes of
+// events (or, on probation, until another stream proves its
+// deployment); then it is relayed as any other.
 const (
 	ProbeHoldMax   = 2 * time.Second
 	ProbeHoldBytes = 256 << 10
@@ -403,20 +431,27 @@ func (a *call) relayBody(ctx, clientCtx context.Context, w http.ResponseWriter, 
 // read and stripped unless the client asked for it. The 200 headers go out
 // with the first relayed event: until then a failure (a cut, the TTFT
 // deadline) is retryable, since nothing reached the client. Once they are
-// out, failures are reported in the stream as an error event. A probe's
-// events (Policy.Probe) are held until the stream ends or the hold's
-// bounds pass (ProbeHoldMax, ProbeHoldBytes): a cut within the hold is
-// retryable like one before the first event.
+// out, failures are reported in the stream as an error event.
+//
+// A held stream (a half-open deployment's probe, Policy.Probe, or a stream
+// to a deployment on stream probation, Policy.Probation) keeps its events
+// back until it ends, its deployment is proven by another stream, or the
+// hold's bounds pass (ProbeHoldMax, ProbeHoldBytes): a cut within the
+// hold is retryable like one before the first event. A clean end, or a
+// stream outliving the hold, proves the deployment; a cut puts it back on
+// probation.
 func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter, resp *http.Response) Outcome {
 	defer resp.Body.Close()
 	rc := http.NewResponseController(w)
 	ct := resp.Header.Get("Content-Type")
 	er := openai.NewEventReader(resp.Body)
-	sawDone := false
-	holding := a.pol.Probe
-	var held bytes.Buffer
-	var heldText int
-	var holdStart time.Time
+	sawDone, sawError := false, false
+	// mu orders the relay's state and its writes to the client between
+	// this goroutine and a held stream's watcher (hold.watch), which
+	// releases the hold while this one waits for the next event.
+	var mu sync.Mutex
+	hd := a.newHold()
+	defer hd.stop()
 	// write relays b (events), the 200 headers first; false when the
 	// client is gone.
 	write := func(b []byte, text int) bool {
@@ -444,116 +479,286 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 		}
 		return true
 	}
-	for {
-		ev, err := er.Next()
+	// release ends the hold (mu held): its events go to the client.
+	release := func(outcome string) bool {
+		a.endHold(hd, outcome)
+		if outcome == HoldBounds {
+			a.prove() // it outlived what a hold can protect
+		}
+		if hd.buf.Len() > 0 && !write(hd.buf.Bytes(), hd.text) {
+			hd.gone = true
+			return false
+		}
+		return true
+	}
+	// step handles one read of the upstream (mu held); end says the
+	// attempt is over with out.
+	step := func(ev []byte, err error) (out Outcome, end bool) {
+		if hd.gone {
+			return Outcome{}, true // the watcher's release found the client gone
+		}
 		if ev != nil {
-			keep, done, text := a.inspect(ev)
+			keep, done, text, isErr := a.inspect(ev)
 			sawDone = sawDone || done
+			sawError = sawError || isErr
 			switch {
-			case !holding:
+			case !hd.on:
 				if text {
 					a.x.ContentChunk()
 				}
 				if keep {
-					a.started.Store(true)
+					a.firstEvent()
 					if !write(ev, 0) {
-						return Outcome{}
+						return Outcome{}, true
 					}
 				}
 			default:
 				if text {
-					heldText++
+					hd.text++
 				}
 				if keep {
-					a.started.Store(true)
-					held.Write(ev)
-					if holdStart.IsZero() {
-						holdStart = time.Now()
+					a.firstEvent()
+					hd.buf.Write(ev)
+					if hd.start.IsZero() {
+						hd.start = time.Now()
+						hd.watch(&mu, release)
 					}
 				}
-				if done || held.Len() >= ProbeHoldBytes || (!holdStart.IsZero() && time.Since(holdStart) >= ProbeHoldMax) {
-					holding = false
-					if held.Len() > 0 && !write(held.Bytes(), heldText) {
-						return Outcome{}
-					}
+				var ok bool
+				switch {
+				case done:
+					ok = release(HoldDone)
+				case hd.buf.Len() >= ProbeHoldBytes || (!hd.start.IsZero() && time.Since(hd.start) >= ProbeHoldMax):
+					ok = release(HoldBounds)
+				default:
+					ok = true
+				}
+				if !ok {
+					return Outcome{}, true
 				}
 			}
 		}
-		if err != nil {
-			if errors.Is(err, io.EOF) && sawDone {
-				a.st.Health.Succeeded() // a probe's hold ended at its [DONE] event
-				return Outcome{}
+		if err == nil {
+			return Outcome{}, false
+		}
+		if errors.Is(err, io.EOF) && sawDone {
+			a.st.Health.Succeeded() // a probe's hold ended at its [DONE] event
+			if !sawError {
+				a.prove()
 			}
-			var e *openai.Error
-			if errors.Is(err, io.EOF) {
-				a.f.UpstreamError(a.d.GetId(), "stream")
-				if a.wrote.Load() {
-					a.cutAfterBytes()
-				} else {
-					a.unhealthy() // a stream cut counts against the deployment
-				}
-				e = openai.Upstream(openai.CodeUpstreamStreamError, "the upstream model server ended the stream early")
+			return Outcome{}, true
+		}
+		var e *openai.Error
+		if errors.Is(err, io.EOF) {
+			a.f.UpstreamError(a.d.GetId(), "stream")
+			a.cut()
+			e = openai.Upstream(openai.CodeUpstreamStreamError, "the upstream model server ended the stream early")
+		} else {
+			e = a.readFailure(ctx, clientCtx, err)
+			if e.Code == openai.CodeUpstreamError {
+				a.cut()
+			}
+		}
+		if hd.on {
+			if e.Code == openai.CodeUpstreamStreamError || e.Code == openai.CodeUpstreamError {
+				a.endHold(hd, HoldCut)
 			} else {
-				e = a.readFailure(ctx, clientCtx, err)
-				if e.Code == openai.CodeUpstreamError {
-					if a.wrote.Load() {
-						a.cutAfterBytes()
-					} else {
-						a.unhealthy()
-					}
-				}
+				a.endHold(hd, HoldAborted)
 			}
-			if e.Status == openai.StatusClientClosed {
-				a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
-				return Outcome{}
-			}
-			if !a.wrote.Load() {
-				// Nothing reached the client: a cut, or the TTFT deadline,
-				// before the first event (or within a probe's hold).
-				// Another deployment may serve it (never after the total
-				// deadline: the time is up).
-				a.x.UpstreamAnswered(false)
-				retry := ctx.Err() == nil || errors.Is(context.Cause(ctx), errTTFT)
-				if e.Code == openai.CodeUpstreamStreamError {
-					e = openai.UpstreamFailed("the model server ended the stream before its first token")
-				}
-				if held.Len() > 0 {
-					// A probe's held events never reached the client: the
-					// retry's answer is the request's (its error code too).
-					a.x.SetErrorCode("")
-					if e.Code == openai.CodeUpstreamError {
-						e = openai.UpstreamFailed("the model server ended the stream early (nothing had reached the client)")
-					}
-				}
-				return Outcome{Err: e, Retry: retry}
-			}
-			// Headers are out: tell the client in the stream.
-			a.x.SetErrorCode(e.Code)
-			_, _ = w.Write(a.wire.errorEvent(e))
-			_ = rc.Flush()
-			return Outcome{}
 		}
+		if e.Status == openai.StatusClientClosed {
+			a.x.SetResult(openai.StatusClientClosed, openai.CodeClientClosed)
+			return Outcome{}, true
+		}
+		if !a.wrote.Load() {
+			// Nothing reached the client: a cut, or the TTFT deadline,
+			// before the first event (or within a hold). Another
+			// deployment may serve it (never after the total deadline:
+			// the time is up).
+			a.x.UpstreamAnswered(false)
+			retry := ctx.Err() == nil || errors.Is(context.Cause(ctx), errTTFT)
+			if e.Code == openai.CodeUpstreamStreamError {
+				e = openai.UpstreamFailed("the model server ended the stream before its first token")
+			}
+			if hd.buf.Len() > 0 {
+				// The held events never reached the client: the retry's
+				// answer is the request's (its error code too).
+				a.x.SetErrorCode("")
+				if e.Code == openai.CodeUpstreamError {
+					e = openai.UpstreamFailed("the model server ended the stream early (nothing had reached the client)")
+				}
+			}
+			return Outcome{Err: e, Retry: retry}, true
+		}
+		// Headers are out: tell the client in the stream.
+		a.x.SetErrorCode(e.Code)
+		_, _ = w.Write(a.wire.errorEvent(e))
+		_ = rc.Flush()
+		return Outcome{}, true
+	}
+	for {
+		ev, err := er.Next()
+		mu.Lock()
+		out, end := step(ev, err)
+		mu.Unlock()
+		if end {
+			return out
+		}
+	}
+}
+
+// cut records a stream cut (before or after bytes reached the client):
+// it counts against the deployment and puts it back on probation.
+func (a *call) cut() {
+	if a.pol.Probation && a.st.Health.Probation.Revoke() {
+		a.f.probation(a.d.GetId(), "revoked")
+	}
+	if a.wrote.Load() {
+		a.cutAfterBytes()
+	} else {
+		a.unhealthy() // a stream cut counts against the deployment
+	}
+}
+
+// prove ends the deployment's stream probation (a clean end, or a stream
+// outliving its hold), releasing the streams held on it.
+func (a *call) prove() {
+	if a.pol.Probation && a.st.Health.Probation.Prove() {
+		a.f.probation(a.d.GetId(), "proven")
+	}
+}
+
+// firstEvent records the stream's first event from the engine (relayed or
+// held): its TTFT deadline has passed, its prefill is over.
+func (a *call) firstEvent() {
+	if !a.started.Swap(true) {
+		a.x.FirstEvent()
+	}
+}
+
+// Held-stream outcomes (Exchange.StreamHold, Forwarder.Hold): the stream
+// ended ([DONE]) within the hold (relayed whole), the deployment was
+// proven by another stream, the hold's bounds passed, the engine cut the
+// stream within the hold (nothing reached the client: retried when the
+// budget allows), the attempt ended otherwise (the client left, a
+// deadline).
+const (
+	HoldDone     = "done"
+	HoldReleased = "released"
+	HoldBounds   = "bounds"
+	HoldCut      = "cut"
+	HoldAborted  = "aborted"
+)
+
+// Hold reasons: a half-open deployment's probe, a deployment on stream
+// probation.
+const (
+	HoldProbe     = "probe"
+	HoldProbation = "probation"
+)
+
+// hold is a stream held back from its client (relayStream). Its fields
+// are guarded by relayStream's mu once the watcher runs.
+type hold struct {
+	on     bool   // still holding
+	reason string // HoldProbe, HoldProbation
+	// released is closed when the deployment is proven by another
+	// stream (probation only; nil: never).
+	released <-chan struct{}
+	buf      bytes.Buffer
+	text     int       // held content chunks
+	start    time.Time // the first held event
+	gone     bool      // a release by the watcher found the client gone
+	done     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// newHold says whether the stream is held: a probe's, or one to a
+// deployment on probation (with the probation on).
+func (a *call) newHold() *hold {
+	hd := &hold{}
+	if a.pol.Probation {
+		if on, ch := a.st.Health.Probation.OnProbation(); on {
+			hd.on, hd.reason, hd.released = true, HoldProbation, ch
+		}
+	}
+	if a.pol.Probe {
+		hd.on, hd.reason = true, HoldProbe
+	}
+	return hd
+}
+
+// watch starts the watcher of a hold whose first event is held (mu
+// held): it releases the hold when the deployment is proven by another
+// stream or ProbeHoldMax passes, while relayStream waits for the next
+// event (an engine stalling mid-hold delays nobody past the bound).
+func (hd *hold) watch(mu *sync.Mutex, release func(string) bool) {
+	hd.done = make(chan struct{})
+	hd.wg.Add(1)
+	go func() {
+		defer hd.wg.Done()
+		t := time.NewTimer(ProbeHoldMax - time.Since(hd.start))
+		defer t.Stop()
+		outcome := HoldBounds
+		select {
+		case <-hd.done:
+			return
+		case <-hd.released:
+			outcome = HoldReleased
+		case <-t.C:
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if hd.on {
+			release(outcome)
+		}
+	}()
+}
+
+// stop ends the watcher (relayStream's exit, mu not held).
+func (hd *hold) stop() {
+	if hd.done != nil {
+		close(hd.done)
+		hd.wg.Wait()
+	}
+}
+
+// endHold records the end of a hold whose first event was held (mu
+// held); a hold that held nothing is not counted.
+func (a *call) endHold(hd *hold, outcome string) {
+	if !hd.on {
+		return
+	}
+	hd.on = false
+	if hd.start.IsZero() {
+		return
+	}
+	held := time.Since(hd.start)
+	a.x.StreamHold(hd.reason, outcome, held)
+	if a.f.Hold != nil {
+		a.f.Hold(a.d.GetId(), hd.reason, outcome)
 	}
 }
 
 // inspect reads one SSE event: it records usage and says whether to relay
 // it (the usage-only chunk is dropped unless the client asked for it),
-// whether it is the [DONE] marker and whether it carries text (a content
-// chunk, counted by the caller as it is relayed).
-func (a *call) inspect(ev []byte) (keep, done, text bool) {
+// whether it is the [DONE] marker, whether it carries text (a content
+// chunk, counted by the caller as it is relayed) and whether it is the
+// engine's error event.
+func (a *call) inspect(ev []byte) (keep, done, text, isErr bool) {
 	e := a.wire.event(ev)
 	if e.Usage != nil { // before Done: a Responses stream's terminal event carries it
 		a.x.Usage(e.Usage)
 	}
 	switch {
 	case e.Done:
-		return true, true, false
+		return true, true, false, false
 	case e.Error:
 		a.x.SetErrorCode(openai.CodeUpstreamStreamError)
 		a.f.UpstreamError(a.d.GetId(), "stream")
-		return true, false, false
+		return true, false, false, true
 	}
-	return e.Keep(a.x.Request().IncludeUsage()), false, e.Text
+	return e.Keep(a.x.Request().IncludeUsage()), false, e.Text, false
 }
 
 // Engine 4xx answers (other than 429) become typed Sluice errors in the

@@ -311,8 +311,10 @@ func (x *exchange) attemptHeld(ctx, clientCtx context.Context, w http.ResponseWr
 	}()
 	pol := x.policy(c.d.GetModelGroup())
 	// A half-open deployment's probe holds its stream back until it ends
-	// cleanly: a cut within the hold is retried elsewhere, not relayed.
+	// cleanly: a cut within the hold is retried elsewhere, not relayed;
+	// so does a stream to a deployment on probation.
 	pol.Probe = c.standing == upstream.Probe
+	pol.Probation = x.h.probation
 	return x.h.fwd.Attempt(ctx, clientCtx, w, x, c.d, c.st, pol)
 }
 
@@ -345,6 +347,22 @@ func (x *exchange) FirstByte() {
 		x.ttft = time.Since(x.start)
 		x.progressFirstByte()
 		x.endPrefill(true)
+	}
+}
+
+// FirstEvent ends the attempt's prefill at the engine's first event, held
+// back or relayed.
+func (x *exchange) FirstEvent() { x.endPrefill(true) }
+
+// StreamHold records a held stream's hold: in the access log
+// (stream_hold, stream_held_ms).
+func (x *exchange) StreamHold(reason, outcome string, held time.Duration) {
+	if x.holds != "" {
+		x.holds += ","
+	}
+	x.holds += reason + ":" + outcome
+	if outcome != forward.HoldCut && outcome != forward.HoldAborted {
+		x.held = held
 	}
 }
 

@@ -24,6 +24,8 @@ type metrics struct {
 	// recorded (protocols.go).
 	responseRecordErrors prometheus.Counter
 	ejections            *prometheus.CounterVec
+	streamHolds          *prometheus.CounterVec
+	probation            *prometheus.CounterVec
 	retries              *prometheus.CounterVec
 	retryRefusals        *prometheus.CounterVec
 	healthReturns        *prometheus.CounterVec
@@ -88,6 +90,14 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 			Name: "sluice_proxy_deployment_ejections_total",
 			Help: "Deployments taken out of rotation by passive health (failures) or an upstream Retry-After (parked).",
 		}, []string{"deployment", "reason"}),
+		streamHolds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_stream_holds_total",
+			Help: "Streams held back from their client until they end, their deployment is proven or the hold's bounds pass, by deployment, reason (probe, probation) and outcome (done, released, bounds, cut, aborted).",
+		}, []string{"deployment", "reason", "outcome"}),
+		probation: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_stream_probation_total",
+			Help: "Deployments leaving stream probation (proven: a stream ended cleanly or outlived its hold) or put back on it (revoked: a stream cut), by deployment.",
+		}, []string{"deployment", "event"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_proxy_retries_total",
 			Help: "Attempts on another deployment after a retryable upstream failure, by model group.",
@@ -162,7 +172,7 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 		}, func() float64 { return float64(bodyReads()) }),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.upstreamErrors, m.attempts, m.credentialErrors,
-		m.ejections, m.retries, m.retryRefusals, m.healthReturns, m.ejectionReturns, m.deploymentsOut, m.poolOut, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
+		m.ejections, m.streamHolds, m.probation, m.retries, m.retryRefusals, m.healthReturns, m.ejectionReturns, m.deploymentsOut, m.poolOut, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
 		m.budgetAlerts, m.pendingSettles, m.settleFailures, m.settlesWithoutRecord, m.leasesReasserted,
 		m.preauthRefusals, m.bodyFailures, m.bodyReads, m.responseRecordErrors} {
 		if err := reg.Register(c); err != nil {

@@ -73,6 +73,11 @@ type exchange struct {
 	// completion tokens seen when a stream ends without usage.
 	contentChunks int64
 	ttft          time.Duration
+	// holds are the held streams of the request's attempts
+	// ("reason:outcome", comma-separated; the access log's stream_hold),
+	// held the time the answering attempt's first event was held back.
+	holds string
+	held  time.Duration
 
 	// cust is the end customer's record when the org knows it.
 	cust *configv1.Customer
@@ -390,7 +395,8 @@ func (x *exchange) finish() {
 		slog.Int("status", x.status), slog.String("error_code", x.errCode), slog.Bool("stream", ev.Stream),
 		slog.Int64("duration_ms", ev.LatencyMs), slog.Int64("ttft_ms", ev.TtftMs), slog.Int("attempts", x.attempts),
 		slog.Int64("prompt_tokens", x.prompt), slog.Int64("completion_tokens", x.completion),
-		slog.String("traffic_class", x.class), slog.String("class_reason", x.classReason), slog.Bool("prefill_gate_waited", x.gateWaited))
+		slog.String("traffic_class", x.class), slog.String("class_reason", x.classReason), slog.Bool("prefill_gate_waited", x.gateWaited),
+		slog.String("stream_hold", x.holds), slog.Int64("stream_held_ms", x.held.Milliseconds()))
 }
 
 // cost prices a request: uncached prompt tokens at the input price, cached

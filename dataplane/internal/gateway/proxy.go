@@ -156,6 +156,12 @@ type Config struct {
 	// (ejected, parked, failing health checks), route to all of it as if
 	// healthy (0: off; a model group's setting overrides it).
 	PanicThresholdPercent int
+	// NoStreamProbation turns the stream probation off (on by default):
+	// streams to a deployment this instance has not yet seen stream
+	// cleanly, or that cut a stream or was ejected since, are held back
+	// from the client until one proves it (forward.Policy.Probation;
+	// docs/resilience.md, "Stream probation").
+	NoStreamProbation bool
 	// Active health checks of every engine's /health (RunHealthChecks):
 	// interval, per-probe timeout, failures in a row that take a
 	// deployment out and successes that bring it back (zero: the
@@ -234,6 +240,8 @@ type Handler struct {
 	auth    authn.Authenticator
 	fwd     *forward.Forwarder
 	retries int
+	// probation is the stream probation (Config.NoStreamProbation off).
+	probation bool
 	// budget is the retry budget of every model group.
 	budget *upstream.RetryBudget
 	// maxEjectionPct is Config.MaxEjectionPercent with its default,
@@ -323,7 +331,7 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.MaxBodyReadsPerConn == 0 {
 		cfg.MaxBodyReadsPerConn = DefaultMaxBodyReadsPerConn
 	}
-	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries, defaultMaxOut: cfg.DefaultMaxOutputTokens}
+	h := &Handler{cfg: cfg, log: cfg.Logger, retries: cfg.MaxRetries, defaultMaxOut: cfg.DefaultMaxOutputTokens, probation: !cfg.NoStreamProbation}
 	if h.defaultMaxOut == 0 {
 		h.defaultMaxOut = DefaultMaxOutputTokens
 	}
@@ -370,7 +378,9 @@ func New(cfg Config) (*Handler, error) {
 	h.fwd = &forward.Forwarder{Client: upstream.NewClient(tr), Log: h.log, RequestTimeout: cfg.RequestTimeout, TTFTTimeout: ttft, ParkMax: parkMax, LeaseLost: errLeaseLost,
 		EjectBase: cfg.EjectionBase, EjectMax: cfg.EjectionMax,
 		UpstreamError: func(dep, kind string) { h.m.upstreamErrors.WithLabelValues(dep, kind).Inc() },
-		Ejection:      func(dep, reason string) { h.m.ejections.WithLabelValues(dep, reason).Inc() }}
+		Ejection:      func(dep, reason string) { h.m.ejections.WithLabelValues(dep, reason).Inc() },
+		Hold:          func(dep, reason, outcome string) { h.m.streamHolds.WithLabelValues(dep, reason, outcome).Inc() },
+		Probation:     func(dep, event string) { h.m.probation.WithLabelValues(dep, event).Inc() }}
 	var err error
 	if h.m, err = newMetrics(cfg.Registerer, h.bodyReads.Load); err != nil {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)

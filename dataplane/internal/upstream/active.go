@@ -137,6 +137,7 @@ func (c *Checker) record(id string, ok bool) {
 	switch {
 	case !ok && -n >= c.UnhealthyThreshold && !h.activeDown.Load():
 		h.activeDown.Store(true)
+		h.Probation.Revoke() // an engine back from being down has to prove its streams again
 		if c.OnChange != nil {
 			c.OnChange(id, true)
 		}

@@ -43,6 +43,9 @@ type Health struct {
 	// probe ejects it again at once with the next backoff.
 	halfOpen atomic.Bool
 	probing  atomic.Bool
+	// Probation is the deployment's stream probation: an ejection puts
+	// it back on probation.
+	Probation Probation
 
 	mu       sync.Mutex
 	failures int
@@ -143,6 +146,7 @@ func (h *Health) failed(now time.Time, base, maxBackoff time.Duration, force boo
 	h.ejectedUntil.Store(now.Add(h.backoff).UnixNano())
 	h.parked.Store(false)
 	h.halfOpen.Store(true)
+	h.Probation.Revoke()
 	return h.backoff
 }
 
