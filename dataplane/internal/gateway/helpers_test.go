@@ -85,8 +85,15 @@ type env struct {
 
 type envOpt func(*Config)
 
+// withProbation turns the stream probation on (the proxy's default): the
+// test env runs it off so that the tests of what happens once a stream's
+// bytes are out (cuts, disconnects, deadlines, leases of a live stream)
+// see them at once; probation_test.go tests it.
+func withProbation(c *Config) { c.NoStreamProbation = false }
+
 // newEnv starts a proxy with one org (o1), team (t1), user (u1) and no
 // keys or models; add them with key, group and deploy, then call apply.
+// The stream probation is off (withProbation turns it on).
 func newEnv(t testing.TB, opts ...envOpt) *env {
 	t.Helper()
 	p, err := token.ParsePeppers(testPepper)
@@ -99,7 +106,7 @@ func newEnv(t testing.TB, opts ...envOpt) *env {
 			Members: []*configv1.Member{{TeamId: "t1", UserId: "u1", OrgId: "o1"}},
 		}}
 	cfg := Config{Catalog: e.cat.Load, Peppers: p, Usage: e.sink, Registerer: e.reg, Region: "test", InstanceID: "i1",
-		Gate: func() *oai.Error { return e.gate.Load() }, Logger: slog.New(slog.DiscardHandler)}
+		Gate: func() *oai.Error { return e.gate.Load() }, Logger: slog.New(slog.DiscardHandler), NoStreamProbation: true}
 	for _, o := range opts {
 		o(&cfg)
 	}

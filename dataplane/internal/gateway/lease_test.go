@@ -125,7 +125,7 @@ func TestLostProxyIsSweptWithItsLastReport(t *testing.T) {
 	sinkB := &recSink{}
 	regB := prometheus.NewRegistry()
 	hB, err := New(Config{Catalog: a.cat.Load, Peppers: a.peppers, Usage: sinkB, Registerer: regB, Region: "test",
-		InstanceID: "i2", Logger: slog.New(slog.DiscardHandler), Limiter: limB})
+		InstanceID: "i2", Logger: slog.New(slog.DiscardHandler), Limiter: limB, NoStreamProbation: true})
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	swDone := make(chan struct{})
