@@ -78,7 +78,8 @@ const (
 	benchSeq          = 2000            // requests per path at concurrency 1
 	benchLoad         = 3 * time.Second // duration per path at concurrency 64
 	benchConcurrency  = 64
-	benchStreamSeq    = 300 // streams per path for time to first chunk
+	benchStreamSeq    = 300  // streams per path for time to first chunk
+	benchPairSeq      = 3000 // rotations of the paired phase (one request per path each)
 	benchChunkGap     = time.Millisecond
 )
 
@@ -564,6 +565,36 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 	}
 
+	// Paired phase: the chat and Messages paths, direct and through
+	// Sluice, request by request in rotating order at concurrency 1, so
+	// that the load of a shared machine falls on all four alike; the
+	// added p50s compared here come from one stretch of time, not from
+	// phases minutes apart.
+	settle()
+	pair := []benchPath{paths[0], paths[2], paths[3], paths[4]}
+	pairLat := make([][]time.Duration, len(pair))
+	pairClients := make([]*http.Client, len(pair))
+	for i, pp := range pair {
+		pairClients[i] = benchClient()
+		for range 100 {
+			require.NoError(b, doChat(pairClients[i], pp, pp.reqBody()))
+		}
+	}
+	for n := range benchPairSeq {
+		for k := range pair {
+			i := (n + k) % len(pair)
+			t0 := time.Now()
+			require.NoError(b, doChat(pairClients[i], pair[i], pair[i].reqBody()))
+			pairLat[i] = append(pairLat[i], time.Since(t0))
+		}
+	}
+	sluiceRequests += 2 * (100 + benchPairSeq)
+	pairP50 := make([]time.Duration, len(pair))
+	for i := range pair {
+		pairP50[i] = harness.Percentile(pairLat[i], 50)
+	}
+	pairedRatio := float64(pairP50[3]-pairP50[2]) / float64(pairP50[1]-pairP50[0])
+
 	// Every usage event of the run reaches spend_logs (the consumer ran
 	// throughout; this waits for its backlog, outside the measurements).
 	lagStart := time.Now()
@@ -630,6 +661,8 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			us(r.p50-d.p50), us(s.p50-d.p50), float64(s.p50-d.p50)/float64(r.p50-d.p50), us(sm.p50-dm.p50), float64(sm.p50-dm.p50)/float64(s.p50-d.p50),
 			r.rps, s.rps, s.rps/r.rps, sm.rps, sm.rps/s.rps)
 	}
+	fmt.Fprintf(&sb, "paired (%d rotations at c=1): p50 direct %s sluice %s direct-messages %s sluice-messages %s; added p50 chat %s messages %s: messages/chat %.2f× (target ≤ 1.05)\n",
+		benchPairSeq, us(pairP50[0]), us(pairP50[1]), us(pairP50[2]), us(pairP50[3]), us(pairP50[1]-pairP50[0]), us(pairP50[3]-pairP50[2]), pairedRatio)
 	fmt.Fprintf(&sb, "streams cut and repeated: direct %d, reverseproxy %d, sluice %d, direct-messages %d, sluice-messages %d (of %d each per round)\n",
 		cut["direct"], cut["reverseproxy"], cut["sluice"], cut["direct-messages"], cut["sluice-messages"], benchStreamSeq)
 	fmt.Fprintf(&sb, "ledger: %d usage events, all %d in spend_logs; consumer backlog drained %s after the last measurement\n",
@@ -643,5 +676,6 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	b.ReportMetric(float64(sl.p99-dir.p99)/float64(time.Microsecond), "sluice_added_p99_us")
 	b.ReportMetric(float64(sl.chunkDelay-dir.chunkDelay)/float64(time.Microsecond), "sluice_added_chunk_delay_us")
 	b.ReportMetric(msgAddedP50, "messages_added_p50_ratio")
+	b.ReportMetric(pairedRatio, "messages_paired_added_p50_ratio")
 	b.ReportMetric(slMsg.rps/sl.rps, "messages_throughput_ratio")
 }

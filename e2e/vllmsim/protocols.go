@@ -155,7 +155,10 @@ type anthropicRequest struct {
 	Messages  []anthropicMessage `json:"messages"`
 	System    json.RawMessage    `json:"system"`
 	Tools     json.RawMessage    `json:"tools"`
-	Stream    bool               `json:"stream"`
+	// ToolChoice forcing a tool makes the answer a tool_use block
+	// (tooluse.go).
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	Stream     bool            `json:"stream"`
 }
 
 type anthropicMessage struct {
@@ -272,15 +275,27 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	defer s.eng.abort(j)
 	model := req.Model
+	toolName, toolInput, toolUse := forcedTool(req.Tools, req.ToolChoice, false)
+	toolID := "toolu_" + strings.TrimPrefix(id, "msg_")
+	stop := func(r FinishReason) string {
+		if toolUse {
+			return "tool_use"
+		}
+		return anthropicStop(r)
+	}
 	if !req.Stream {
 		if !wait(r, j, fail) {
 			return
 		}
 		j.mu.Lock()
 		c := j.choices[0]
+		block := map[string]any{"type": "text", "text": c.text.String()}
+		if toolUse {
+			block = map[string]any{"type": "tool_use", "id": toolID, "name": toolName, "input": toolInput}
+		}
 		out := map[string]any{"id": id, "type": "message", "role": "assistant", "model": model,
-			"content":     []any{map[string]any{"type": "text", "text": c.text.String()}},
-			"stop_reason": anthropicStop(c.reason), "stop_sequence": nil, "usage": anthropicUsage(prompt, c.numTokens, c.cachedTokens)}
+			"content":     []any{block},
+			"stop_reason": stop(c.reason), "stop_sequence": nil, "usage": anthropicUsage(prompt, c.numTokens, c.cachedTokens)}
 		j.mu.Unlock()
 		writeJSON(w, http.StatusOK, out)
 		return
@@ -292,16 +307,34 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	first = sseEvent(first, "message_start", map[string]any{"type": "message_start", "message": map[string]any{
 		"id": id, "type": "message", "role": "assistant", "model": model, "content": []any{},
 		"stop_reason": nil, "stop_sequence": nil, "usage": anthropicUsage(prompt, 0, cached0)}})
+	startBlock := map[string]any{"type": "text", "text": ""}
+	if toolUse {
+		startBlock = map[string]any{"type": "tool_use", "id": toolID, "name": toolName, "input": map[string]any{}}
+	}
 	first = sseEvent(first, "content_block_start", map[string]any{"type": "content_block_start", "index": 0,
-		"content_block": map[string]any{"type": "text", "text": ""}})
+		"content_block": startBlock})
 	first = sseEvent(first, "ping", map[string]any{"type": "ping"})
+	pieces := jsonPieces{rest: string(toolInput)}
+	inputDelta := func(b []byte, piece string) []byte {
+		if piece == "" {
+			return b
+		}
+		return sseEvent(b, "content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
+			"delta": map[string]any{"type": "input_json_delta", "partial_json": piece}})
+	}
 	relay(w, r, j, first, func(b []byte, t string) []byte {
+		if toolUse {
+			return inputDelta(b, pieces.next())
+		}
 		return sseEvent(b, "content_block_delta", map[string]any{"type": "content_block_delta", "index": 0,
 			"delta": map[string]any{"type": "text_delta", "text": t}})
 	}, func(b []byte, completion, cached int, reason FinishReason) []byte {
+		if toolUse {
+			b = inputDelta(b, pieces.rest)
+		}
 		b = sseEvent(b, "content_block_stop", map[string]any{"type": "content_block_stop", "index": 0})
 		b = sseEvent(b, "message_delta", map[string]any{"type": "message_delta",
-			"delta": map[string]any{"stop_reason": anthropicStop(reason), "stop_sequence": nil},
+			"delta": map[string]any{"stop_reason": stop(reason), "stop_sequence": nil},
 			"usage": anthropicUsage(prompt, completion, cached)})
 		return sseEvent(b, "message_stop", map[string]any{"type": "message_stop"})
 	})
@@ -348,6 +381,7 @@ type responsesRequest struct {
 	Instructions       string          `json:"instructions"`
 	MaxOutputTokens    *int            `json:"max_output_tokens"`
 	Tools              json.RawMessage `json:"tools"`
+	ToolChoice         json.RawMessage `json:"tool_choice"` // forcing a function: a function_call (tooluse.go)
 	Stream             bool            `json:"stream"`
 	Store              *bool           `json:"store"`
 	PreviousResponseID string          `json:"previous_response_id"`
@@ -446,9 +480,19 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	store := req.Store == nil || *req.Store
 	created := time.Now().Unix()
 	msgID := "msg_" + strings.TrimPrefix(id, "resp_")
+	toolName, toolInput, toolUse := forcedTool(req.Tools, req.ToolChoice, true)
+	callItem := func(status, args string) map[string]any {
+		return map[string]any{"id": "fc_" + strings.TrimPrefix(id, "resp_"), "type": "function_call", "status": status,
+			"call_id": "call_" + strings.TrimPrefix(id, "resp_"), "name": toolName, "arguments": args}
+	}
+	if toolUse {
+		msgID = "fc_" + strings.TrimPrefix(id, "resp_")
+	}
 	obj := func(status string, outText string, usage any) map[string]any {
 		var output []any
-		if status == "completed" || status == "incomplete" {
+		if (status == "completed" || status == "incomplete") && toolUse {
+			output = []any{callItem("completed", string(toolInput))}
+		} else if status == "completed" || status == "incomplete" {
 			output = []any{map[string]any{"id": msgID, "type": "message", "role": "assistant", "status": "completed",
 				"content": []any{map[string]any{"type": "output_text", "text": outText, "annotations": []any{}}}}}
 		} else {
@@ -468,6 +512,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 			status = "incomplete"
 		}
 		o := obj(status, outText, responsesUsage(prompt, completion, cached))
+		if toolUse {
+			outText = "<tool_call>" + string(toolInput) + "</tool_call>"
+		}
 		if store {
 			conv := append(append([]chatMessage{}, msgs...), chatMessage{Role: "assistant", Content: mustJSON(outText)})
 			s.responses.put(id, &storedResponse{obj: o, conversation: conv})
@@ -494,6 +541,30 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	var first []byte
 	first = ev(first, "response.created", map[string]any{"response": obj("in_progress", "", nil)})
 	first = ev(first, "response.in_progress", map[string]any{"response": obj("in_progress", "", nil)})
+	if toolUse {
+		first = ev(first, "response.output_item.added", map[string]any{"output_index": 0, "item": callItem("in_progress", "")})
+		pieces := jsonPieces{rest: string(toolInput)}
+		argsDelta := func(b []byte, piece string) []byte {
+			if piece == "" {
+				return b
+			}
+			return ev(b, "response.function_call_arguments.delta", map[string]any{"item_id": msgID, "output_index": 0, "delta": piece})
+		}
+		relay(w, r, j, first, func(b []byte, _ string) []byte { return argsDelta(b, pieces.next()) },
+			func(b []byte, completion, cached int, reason FinishReason) []byte {
+				b = argsDelta(b, pieces.rest)
+				b = ev(b, "response.function_call_arguments.done", map[string]any{"item_id": msgID, "output_index": 0,
+					"name": toolName, "arguments": string(toolInput)})
+				b = ev(b, "response.output_item.done", map[string]any{"output_index": 0, "item": callItem("completed", string(toolInput))})
+				o := finish("", completion, cached, reason)
+				name := "response.completed"
+				if o["status"] == "incomplete" {
+					name = "response.incomplete"
+				}
+				return ev(b, name, map[string]any{"response": o})
+			})
+		return
+	}
 	first = ev(first, "response.output_item.added", map[string]any{"output_index": 0, "item": map[string]any{
 		"id": msgID, "type": "message", "role": "assistant", "status": "in_progress", "content": []any{}}})
 	first = ev(first, "response.content_part.added", map[string]any{"item_id": msgID, "output_index": 0, "content_index": 0,

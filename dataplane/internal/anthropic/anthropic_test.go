@@ -1,6 +1,7 @@
 package anthropic
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -165,6 +166,11 @@ func FuzzStream(f *testing.F) {
 	f.Add([]byte("event: ping\ndata: {\"type\":\"ping\"}\n\n"))
 	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"signature\\u005fdelta\"}}\n\n"))
 	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"delta\":\"x\",\"usage\":1}\n\n"))
+	f.Add([]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":12,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\\\"b\\u00e9\\n\"}}\n\n"))
+	f.Add([]byte("data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \"}}\n\n"))
+	f.Add([]byte("data: {\"type\":\"content_block_stop\",\"index\":0}\n\n"))
+	f.Add([]byte(`{"usage":{"input_tokens":3,"output_tokens":null,"cache_read_input_tokens":2,"Cache_Creation_Input_Tokens":1}}`))
+	f.Add([]byte(`{"usage":{"input_tokens":-3,"output_tokens":1e2}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s Stream
 		for range 2 {
@@ -175,8 +181,33 @@ func FuzzStream(f *testing.F) {
 		if u := BodyUsage(b); u != nil && (u.PromptTokens < 0 || u.CompletionTokens < 0) {
 			t.Fatalf("body usage %+v", u)
 		}
-		// The fast path answers what decoding would.
+		// The undecoded usage reads what decoding would.
+		if json.Valid(b) {
+			if v := openai.MemberValue(b, "usage"); !openai.IsNull(v) {
+				if fast, ok := plainUsage(v); ok {
+					var u Usage
+					var slow *openai.Usage
+					if json.Unmarshal(v, &u) == nil && (u.InputTokens != nil || u.OutputTokens != nil) {
+						slow = u.OpenAI()
+					}
+					if (fast == nil) != (slow == nil) || fast != nil && (*fast.PromptTokensDetails != *slow.PromptTokensDetails ||
+						fast.PromptTokens != slow.PromptTokens || fast.CompletionTokens != slow.CompletionTokens || fast.CacheCreationTokens != slow.CacheCreationTokens) {
+						t.Fatalf("%q: plain usage %+v, decoded %+v", v, fast, slow)
+					}
+				}
+			}
+		}
+		// The fast paths answer what decoding would.
 		if name, data := fields(b); data != nil {
+			if fast, ok := compactEvent(data); ok {
+				if !json.Valid(data) {
+					t.Fatalf("%q: compact but not valid JSON", data)
+				}
+				var s2 Stream
+				if slow := s2.decode(string(name), data); fast != slow {
+					t.Fatalf("%q: compact %+v, decoded %+v", b, fast, slow)
+				}
+			}
 			if fast, ok := fastEvent(data); ok {
 				var s2 Stream
 				if slow := s2.decode(string(name), data); fast != slow {

@@ -107,13 +107,14 @@ func estimateBlocks(v []byte) (tokens int64, images, ok bool) {
 		return 0, false, false
 	}
 	if !bytes.Contains(v, []byte(`"image"`)) && !bytes.Contains(v, []byte(`"document"`)) {
-		var probe []json.RawMessage
-		if json.Unmarshal(v, &probe) != nil {
-			return 0, false, false
-		}
-		for _, m := range probe {
-			if len(m) == 0 || m[0] != '{' {
+		// v is valid JSON (ParseWith checked the body): step over its
+		// elements rather than decode them.
+		for i := openai.SkipWS(v, 1); v[i] != ']'; {
+			if v[i] != '{' {
 				return 0, false, false
+			}
+			if i = openai.SkipWS(v, openai.SkipValue(v, i)); v[i] == ',' {
+				i = openai.SkipWS(v, i+1)
 			}
 		}
 		return int64(len(v)) / 4, false, true

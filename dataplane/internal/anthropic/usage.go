@@ -63,11 +63,44 @@ func BodyUsage(b []byte) *openai.Usage {
 	if openai.IsNull(v) {
 		return nil
 	}
+	if u, ok := plainUsage(v); ok {
+		return u
+	}
 	var u Usage
 	if json.Unmarshal(v, &u) != nil || u.InputTokens == nil && u.OutputTokens == nil {
 		return nil
 	}
 	return u.OpenAI()
+}
+
+// usageMembers are the members of a usage object Sluice reads.
+var usageMembers = [...]string{"input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"}
+
+// plainUsage reads a usage object (a member of a valid JSON object) whose
+// counts are plain non-negative integers or null, as decoding it into
+// Usage would, without decoding: ok is false for anything else (a
+// negative or fractional count, a usage that is not an object), which
+// BodyUsage then decodes.
+func plainUsage(v []byte) (u *openai.Usage, ok bool) {
+	if v[0] != '{' {
+		return nil, false
+	}
+	var n [len(usageMembers)]int64
+	var set [len(usageMembers)]bool
+	for i, name := range usageMembers {
+		var e *openai.Error
+		if n[i], set[i], e = openai.NonNegativeInt(openai.MemberValue(v, name), name); e != nil {
+			return nil, false
+		}
+	}
+	if !set[0] && !set[1] {
+		return nil, true
+	}
+	out := &openai.Usage{PromptTokens: n[0] + n[2] + n[3], CompletionTokens: n[1], CacheCreationTokens: n[3]}
+	out.PromptTokensDetails = &struct {
+		CachedTokens int64 `json:"cached_tokens"`
+	}{CachedTokens: n[2]}
+	return out, true
 }
 
 // Stream reads the events of one streamed Message as they are relayed:
@@ -92,11 +125,112 @@ func (s *Stream) Event(ev []byte) openai.Event {
 	if data == nil {
 		return openai.Event{NoData: true}
 	}
+	if e, ok := compactEvent(data); ok {
+		return e
+	}
 	if e, ok := fastEvent(data); ok {
 		return e
 	}
 	return s.decode(string(name), data)
 }
+
+var (
+	compactDeltaHead = []byte(`{"type":"content_block_delta","index":`)
+	compactStopHead  = []byte(`{"type":"content_block_stop","index":`)
+	compactPing      = []byte(`{"type":"ping"}`)
+	// compactDeltas are the delta kinds whose one member is their text:
+	// the text of a text delta, the partial JSON of a tool_use input, the
+	// thinking of a thinking block.
+	compactDeltas = [...][]byte{
+		[]byte(`,"delta":{"type":"text_delta","text":`),
+		[]byte(`,"delta":{"type":"input_json_delta","partial_json":`),
+		[]byte(`,"delta":{"type":"thinking_delta","thinking":`),
+	}
+)
+
+// compactEvent reads, without json.Valid or member scans, the events that
+// make up nearly all of a stream when they come as Anthropic's API and
+// vLLM write them: exactly {"type":"content_block_delta","index":N,
+// "delta":{"type":"text_delta","text":"…"}} (or an input_json_delta's
+// partial_json, a thinking_delta's thinking), {"type":"ping"} and
+// {"type":"content_block_stop","index":N}, no space, no other member. That
+// grammar is checked to its last byte (the string literal included), so
+// such data is valid JSON with one type, no usage and no duplicate member,
+// and the answer is the decoding's (FuzzStream checks it). ok is false for
+// any other data, which fastEvent or the decoding then reads.
+func compactEvent(data []byte) (e openai.Event, ok bool) {
+	if bytes.Equal(data, compactPing) {
+		return openai.Event{}, true
+	}
+	if rest, ok := bytes.CutPrefix(data, compactStopHead); ok {
+		n := indexLen(rest)
+		return openai.Event{}, n > 0 && string(rest[n:]) == "}"
+	}
+	rest, ok := bytes.CutPrefix(data, compactDeltaHead)
+	if !ok {
+		return openai.Event{}, false
+	}
+	n := indexLen(rest)
+	if n == 0 {
+		return openai.Event{}, false
+	}
+	rest = rest[n:]
+	for _, head := range compactDeltas {
+		if str, ok := bytes.CutPrefix(rest, head); ok {
+			n := stringLen(str)
+			return openai.Event{Text: true}, n > 0 && string(str[n:]) == "}}"
+		}
+	}
+	return openai.Event{}, false
+}
+
+// indexLen is the length of the JSON integer (digits, no leading zero, at
+// most 9) that b starts with, 0 if none.
+func indexLen(b []byte) int {
+	n := 0
+	for n < len(b) && n < 10 && b[n] >= '0' && b[n] <= '9' {
+		n++
+	}
+	if n == 10 || n > 1 && b[0] == '0' {
+		return 0
+	}
+	return n
+}
+
+// stringLen is the length of the JSON string literal b starts with (as
+// json.Valid accepts it: no raw control character, only JSON's escapes),
+// 0 if b does not start with one.
+func stringLen(b []byte) int {
+	if len(b) == 0 || b[0] != '"' {
+		return 0
+	}
+	for i := 1; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			return i + 1
+		case c < 0x20:
+			return 0
+		case c == '\\':
+			if i+1 >= len(b) {
+				return 0
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if i+5 >= len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					return 0
+				}
+				i += 5
+			default:
+				return 0
+			}
+		}
+	}
+	return 0
+}
+
+func isHex(c byte) bool { return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F' }
 
 // decode reads one event by decoding its data.
 func (s *Stream) decode(name string, data []byte) openai.Event {

@@ -104,9 +104,13 @@ func (x *exchange) protocolDeployments(group string, deps []*catalog.Deployment)
 	if name == "" {
 		return deps, nil
 	}
+	serves := func(d *catalog.Deployment) bool { return slices.Contains(d.GetCapabilities().GetProtocols(), name) }
+	if !slices.ContainsFunc(deps, func(d *catalog.Deployment) bool { return !serves(d) }) {
+		return deps, nil // all serve it (the usual case): no copy
+	}
 	var keep []*catalog.Deployment
 	for _, d := range deps {
-		if slices.Contains(d.GetCapabilities().GetProtocols(), name) {
+		if serves(d) {
 			keep = append(keep, d)
 		}
 	}

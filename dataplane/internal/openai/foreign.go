@@ -71,6 +71,10 @@ func NonNegativeInt(v []byte, param string) (n int64, set bool, e *Error) {
 // SkipWS returns the index of the first non-space byte of b at or after i.
 func SkipWS(b []byte, i int) int { return skipWS(b, i) }
 
+// SkipValue returns the offset after the JSON value starting at b[i], b
+// valid JSON (a member value of a body ParseWith accepted).
+func SkipValue(b []byte, i int) int { return skipValue(b, i) }
+
 // MemberValue returns the raw value of a top-level member of a valid JSON
 // object b, nil if absent (the other wire formats read answers with it).
 func MemberValue(b []byte, name string) []byte { return memberValue(b, name) }
