@@ -1,7 +1,12 @@
 package token
 
 import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
 	"errors"
+	"math/big"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -89,4 +94,46 @@ func FuzzCheck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		_ = Check(KeyPrefix, s) // must not panic
 	})
+}
+
+func TestBase62UintAsBig(t *testing.T) {
+	for _, n := range []uint64{0, 1, 61, 62, 63, 3843, 3844, 1<<32 - 1, 123456789} {
+		if got, want := base62Uint(n, checksumLen), base62(new(big.Int).SetUint64(n), checksumLen); got != want {
+			t.Fatalf("base62Uint(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestHashReusesStates(t *testing.T) {
+	p, err := ParsePeppers("2:" + strings.Repeat("b", MinPepperLen) + ",1:" + strings.Repeat("a", MinPepperLen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // a reused state hashes as a fresh one
+		for _, v := range []int{1, 2} {
+			secret := strings.Repeat(map[int]string{1: "a", 2: "b"}[v], MinPepperLen)
+			m := hmac.New(sha256.New, []byte(secret))
+			m.Write([]byte("tok" + strconv.Itoa(i)))
+			got, err := p.Hash(v, "tok"+strconv.Itoa(i))
+			if err != nil || !bytes.Equal(got, m.Sum(nil)) {
+				t.Fatalf("Hash(%d, tok%d) = %x, %v", v, i, got, err)
+			}
+		}
+	}
+}
+
+// BenchmarkCheckCandidates is a key's work on every authenticated
+// request: the checksum check and its hash under each pepper.
+func BenchmarkCheckCandidates(b *testing.B) {
+	p, err := ParsePeppers("1:" + strings.Repeat("a", MinPepperLen))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tok := Generate(KeyPrefix)
+	b.ReportAllocs()
+	for range b.N {
+		if Check(KeyPrefix, tok) != nil || len(p.Candidates(tok)) != 1 {
+			b.Fatal("bad token")
+		}
+	}
 }

@@ -296,7 +296,10 @@ func (q *Queues) Ahead(group string, c configv1.TrafficClass) bool {
 // released).
 func (q *Queues) Notify(group string) {
 	q.mu.Lock()
-	if g := q.groups[group]; g != nil {
+	// Only waiters wait on wake (they read it under q.mu while listed in
+	// waiting): with none, every release of the group (once per request)
+	// would replace the channel for nobody.
+	if g := q.groups[group]; g != nil && !g.empty() {
 		close(g.wake)
 		g.wake = make(chan struct{})
 	}

@@ -86,7 +86,7 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		x.dep = c.d
 		x.progressAttempt()
 		out := x.attemptHeld(ctx, clientCtx, w, c)
-		h.m.attempts.WithLabelValues(c.d.GetId(), state, x.attemptOutcome(out)).Inc()
+		h.attemptSeries(c.d.GetId(), state, x.attemptOutcome(out)).Inc()
 		if out.Err == nil {
 			return nil
 		}

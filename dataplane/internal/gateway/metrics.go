@@ -285,3 +285,72 @@ func (c *seriesCache) upstreamInFlight(deployment string) prometheus.Gauge {
 	}
 	return g
 }
+
+// vecCache caches the children of one vector by their label values, for
+// the series counted on every request (WithLabelValues hashes and checks
+// the values and locks the vector each time). Only for vectors whose
+// children are never deleted.
+type vecCache[K comparable, M any] struct {
+	mu sync.RWMutex
+	m  map[K]M
+}
+
+func (c *vecCache[K, M]) load(k K) (M, bool) {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	return v, ok
+}
+
+func (c *vecCache[K, M]) store(k K, v M) M {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old, ok := c.m[k]; ok {
+		return old
+	}
+	if c.m == nil {
+		c.m = map[K]M{}
+	}
+	c.m[k] = v
+	return v
+}
+
+// hotSeries are the per-request series outside seriesCache: traffic
+// classification, upstream attempts, this proxy's prefill in flight and
+// the pool's out-of-rotation share.
+type hotSeries struct {
+	classified vecCache[[2]string, prometheus.Counter]
+	attempts   vecCache[[3]string, prometheus.Counter]
+	prefillOwn vecCache[string, prometheus.Gauge]
+	poolOut    vecCache[string, prometheus.Gauge]
+}
+
+func (h *Handler) classifiedSeries(class, reason string) prometheus.Counter {
+	k := [2]string{class, reason}
+	if v, ok := h.hot.classified.load(k); ok {
+		return v
+	}
+	return h.hot.classified.store(k, h.am.Classified.WithLabelValues(class, reason))
+}
+
+func (h *Handler) attemptSeries(dep, standing, outcome string) prometheus.Counter {
+	k := [3]string{dep, standing, outcome}
+	if v, ok := h.hot.attempts.load(k); ok {
+		return v
+	}
+	return h.hot.attempts.store(k, h.m.attempts.WithLabelValues(dep, standing, outcome))
+}
+
+func (h *Handler) prefillOwnSeries(dep string) prometheus.Gauge {
+	if v, ok := h.hot.prefillOwn.load(dep); ok {
+		return v
+	}
+	return h.hot.prefillOwn.store(dep, h.pm.own.WithLabelValues(dep))
+}
+
+func (h *Handler) poolOutSeries(group string) prometheus.Gauge {
+	if v, ok := h.hot.poolOut.load(group); ok {
+		return v
+	}
+	return h.hot.poolOut.store(group, h.m.poolOut.WithLabelValues(group))
+}

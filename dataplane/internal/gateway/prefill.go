@@ -154,7 +154,7 @@ func (x *exchange) startPrefill(d *catalog.Deployment, tokens int64, lease *limi
 	p.gate, p.gateGroup = gate, d.GetModelGroup()
 	p.capped = d.GetTraffic().GetMaxPrefillTokensInFlight() > 0
 	x.h.prefill.get(p.dep).Add(tokens)
-	x.h.pm.own.WithLabelValues(p.dep).Add(float64(tokens))
+	x.h.prefillOwnSeries(p.dep).Add(float64(tokens))
 }
 
 // endPrefill ends the attempt's prefill: at its first token (firstToken:
@@ -176,7 +176,7 @@ func (x *exchange) endPrefill(firstToken bool) {
 	p.mu.Unlock()
 	x.h.leaveGate(gate, gateGroup) // first token or end of the attempt: the deployment's prefill is over
 	x.h.prefill.get(dep).Add(-tokens)
-	x.h.pm.own.WithLabelValues(dep).Sub(float64(tokens))
+	x.h.prefillOwnSeries(dep).Sub(float64(tokens))
 	lim := x.h.cfg.Limiter
 	if !firstToken || lease == nil || lim == nil || !lease.HasPrefill() || lease.Prefill() == 0 {
 		return
@@ -212,7 +212,7 @@ func (x *exchange) correctPrefill(prompt, cached int64) {
 	}
 	if active && actual != est {
 		x.h.prefill.get(dep).Add(actual - est)
-		x.h.pm.own.WithLabelValues(dep).Add(float64(actual - est))
+		x.h.prefillOwnSeries(dep).Add(float64(actual - est))
 		p.tokens = actual
 	}
 	p.mu.Unlock()

@@ -254,7 +254,9 @@ type Handler struct {
 	// cancelling timed-out admissions.
 	settler *limits.Settler
 	// renewals renews the leases of live requests (renewtick.go).
-	renewals       renewTick
+	renewals renewTick
+	// hot caches the series counted on every request (metrics.go).
+	hot            hotSeries
 	pendingCancels atomic.Int64
 	// bodyReads counts the request bodies being read (MaxBodyReads).
 	bodyReads atomic.Int64

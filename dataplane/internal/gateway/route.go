@@ -72,7 +72,7 @@ func (h *Handler) candidates(cat *catalog.Catalog, route string, req *openai.Req
 	}
 	// The share of the pool out of rotation for this request (at most
 	// the maximum ejection percentage unless the pool is a single one).
-	h.m.poolOut.WithLabelValues(group).Set(float64(len(usable)-len(cands)) / float64(len(usable)))
+	h.poolOutSeries(group).Set(float64(len(usable)-len(cands)) / float64(len(usable)))
 	routing.WeightedShuffle(cands, func(c candidate) int64 { return int64(c.d.GetWeight()) })
 	byStanding(cands)
 	return cands, nil

@@ -62,7 +62,7 @@ func (x *exchange) classify(w http.ResponseWriter, cat *catalog.Catalog, hd http
 	x.classEnum, x.class, x.classReason, x.countedInteractive = res.Class, classify.Name(res.Class), res.Reason, counted
 	w.Header().Set(HeaderTrafficClass, x.class)
 	w.Header().Set(HeaderClassReason, x.classReason)
-	h.am.Classified.WithLabelValues(x.class, x.classReason).Inc()
+	h.classifiedSeries(x.class, x.classReason).Inc()
 }
 
 // releaseClass uncounts the exchange's interactive request (finish).
