@@ -45,7 +45,7 @@ func newSLLeases(t testing.TB, d *dist, org, keyID string) *slLeases {
 
 func (l *slLeases) live(t testing.TB) (slices, exact int) {
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
-	ms, err := l.rdb.ZRangeByScore(context.Background(), l.key, &redis.ZRangeBy{Min: "(" + now, Max: "+inf"}).Result()
+	ms, err := l.rdb.ZRangeArgs(context.Background(), redis.ZRangeArgs{Key: l.key, ByScore: true, Start: "(" + now, Stop: "+inf"}).Result()
 	if err != nil {
 		t.Errorf("read the lease set %s: %v", l.key, err) // also called off the test goroutine
 		return 0, 0
