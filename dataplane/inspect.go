@@ -75,6 +75,9 @@ type LimitSliceStats struct {
 	Scopes                   int   // scopes with slice state
 	HeldRequests, HeldTokens int64 // usable now
 	CarveCalls               int64 // the slice worker's carve.lua calls so far
+	// HeldSlots are the concurrency slots held (free or in use), SlotsInUse
+	// those in use by a request.
+	HeldSlots, SlotsInUse int64
 }
 
 // LimitSliceStats reports the quota slices the data plane holds and the
@@ -84,7 +87,8 @@ func (d *DataPlane) LimitSliceStats() LimitSliceStats {
 		return LimitSliceStats{}
 	}
 	st := d.lim.SliceStats()
-	return LimitSliceStats{Scopes: st.Scopes, HeldRequests: st.HeldR, HeldTokens: st.HeldT, CarveCalls: st.Calls}
+	return LimitSliceStats{Scopes: st.Scopes, HeldRequests: st.HeldR, HeldTokens: st.HeldT, CarveCalls: st.Calls,
+		HeldSlots: st.HeldSlots, SlotsInUse: st.SlotsInUse}
 }
 
 // RecordUsage queues a usage event for publishing, as the proxy does when
