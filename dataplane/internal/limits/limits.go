@@ -144,9 +144,34 @@ type Request struct {
 	// a sweeper settles it with the last report and hands back its usage
 	// event (Sweep). Renewals update it (RenewReport).
 	Report *Report
+	// Reporter, when Report is nil, supplies the report the same way,
+	// called only when it is needed: by an admission that writes a record
+	// (an exact one). A request admitted entirely from quota slices
+	// writes none, so it builds no report (its record, if it lives long
+	// enough to need one, is written by a renewal, RenewItem.Report).
+	Reporter Reporter
 	// Prefill, when set, accounts the request's prefill on one of its
 	// scopes (lua/common.lua, "Prefill accounting").
 	Prefill *Prefill
+}
+
+// Reporter supplies a request's report (Request.Reporter). Report may be
+// called from another goroutine than the one that called Admit, once the
+// admission returned.
+type Reporter interface {
+	Report() Report
+}
+
+// sweepable reports whether req is admitted sweepable (Report or
+// Reporter).
+func (r *Request) sweepable() bool { return r.Report != nil || r.Reporter != nil }
+
+// report returns req's report (Reporter called now).
+func (r *Request) report() Report {
+	if r.Report != nil {
+		return *r.Report
+	}
+	return r.Reporter.Report()
 }
 
 // Prefill is a request's prompt prefill, accounted on one scope of its
@@ -659,8 +684,12 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
-		if req.Report != nil && (lease.localTPM || lease.localHold) {
-			lease.sweep = newSweepState(nil, *req.Report)
+		if req.sweepable() && (lease.localTPM || lease.localHold) {
+			if req.Report != nil {
+				lease.sweep = newSweepState(nil, *req.Report)
+			} else {
+				lease.sweep = &sweepState{spec: specVersion, lazy: req.Reporter}
+			}
 			lease.promote, lease.born = true, time.Now()
 		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
@@ -689,6 +718,10 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 // admitExact admits req in Redis (admit.lua), seeding missing budget
 // windows first.
 func (l *Limiter) admitExact(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
+	if req.Report == nil && req.Reporter != nil {
+		rep := req.Reporter.Report() // the record carries it
+		req.Report = &rep
+	}
 	d, err := l.admitOnce(ctx, req, units)
 	if err != nil || d.unseeded == nil {
 		return d, err
@@ -870,9 +903,7 @@ func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewSta
 	for i, it := range items {
 		lease := it.Lease
 		if it.Report != nil && lease.sweep != nil {
-			lease.sweep.mu.Lock()
-			lease.sweep.rep = *it.Report
-			lease.sweep.mu.Unlock()
+			lease.sweep.setReport(*it.Report)
 		}
 		switch {
 		case lease.settled.Load():
