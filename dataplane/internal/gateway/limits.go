@@ -552,7 +552,8 @@ func (x *exchange) startRenewal() {
 	if lim == nil || x.renewal != nil {
 		return
 	}
-	r := &renewal{x: x, lastOK: time.Now()}
+	r := &x.renewalV
+	*r = renewal{x: x, lastOK: time.Now()}
 	x.renewal = r
 	x.h.renewals.add(r, lim)
 }
@@ -663,8 +664,17 @@ func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta al
 
 // enqueueSettle hands a settlement to the settlement worker
 // (limits.Settler, run by Run); done, when set, runs once it is settled
-// or given up.
+// or given up. A request admitted entirely from quota slices that wrote
+// nothing in Redis is settled here at once, in process (no call to wait
+// for, so no worker to wake).
 func (h *Handler) enqueueSettle(item limits.SettleItem, meta alertMeta, done func()) {
+	if res, ok := h.cfg.Limiter.SettleLocal(item); ok {
+		h.settled(res, meta)
+		if done != nil {
+			done()
+		}
+		return
+	}
 	h.m.pendingSettles.Inc()
 	h.settler.Enqueue(limits.SettleJob{Item: item, Done: func(res limits.SettleResult, err error) {
 		if err != nil {

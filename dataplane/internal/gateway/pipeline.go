@@ -103,6 +103,7 @@ type exchange struct {
 	estTokens int64
 	leases    liveLeases
 	renewal   *renewal
+	renewalV  renewal // what renewal points to (one allocation less per request)
 	abort     context.CancelCauseFunc
 	// prog is what renewals report of the request, lostPrices the prices
 	// of its report before it is forwarded (lease.go).

@@ -54,7 +54,8 @@ func (discardUsage) Record(*usagev1.UsageEvent) {}
 // and admitted entirely from quota slices, against a key without limits
 // on the same handler (issue 15: throughput with limits ≥ 0.95× without).
 // cpu-ns/op is the process's CPU per request (ns/op is wall time,
-// stretched by other load on a shared machine).
+// stretched by other load on a shared machine). The _c64 variants run 64
+// requests at a time, as make bench-limits' throughput phase does.
 func BenchmarkSlicedKey(b *testing.B) {
 	prefix := "pbs" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
 	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
@@ -123,6 +124,25 @@ func BenchmarkSlicedKey(b *testing.B) {
 					b.Fatal(w.Code, w.Body.String())
 				}
 			}
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(lim.SliceStats().Calls-calls0)/float64(b.N), "carves/op")
+		})
+	}
+	// 64 requests at a time (make bench-limits' c=64 phase).
+	for _, c := range []struct{ name, tok string }{{"off_c64", off}, {"sliced_c64", on}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(32) // × GOMAXPROCS 2
+			calls0 := lim.SliceStats().Calls
+			cpu0 := processCPU()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if w := do(c.tok); w.Code != http.StatusOK {
+						b.Error(w.Code, w.Body.String())
+						return
+					}
+				}
+			})
 			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 			b.ReportMetric(float64(lim.SliceStats().Calls-calls0)/float64(b.N), "carves/op")
 		})

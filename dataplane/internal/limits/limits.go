@@ -991,6 +991,30 @@ func (l *Limiter) SettleOne(ctx context.Context, it SettleItem) (SettleResult, e
 	return res[0], errs[0]
 }
 
+// SettleLocal settles it in process when its lease holds nothing in
+// Redis: every limit of the request was admitted from quota slices and
+// no renewal wrote its record. ok false: nothing was done (SettleBatch
+// settles it); the result is then SettleBatch's for such a lease. It
+// never waits for Redis: a renewal writing the lease's record at that
+// moment leaves the settlement to SettleBatch.
+func (l *Limiter) SettleLocal(it SettleItem) (res SettleResult, ok bool) {
+	lease := it.Lease
+	if l.slices == nil || lease.local == nil || lease.needs || lease.pwait != nil || lease.keys != nil || lease.settled.Load() {
+		return SettleResult{}, false
+	}
+	if !lease.pmu.TryLock() {
+		return SettleResult{}, false // renewRecord is writing the record
+	}
+	if lease.recorded.Load() || !lease.localDone.CompareAndSwap(false, true) {
+		lease.pmu.Unlock()
+		return SettleResult{}, false
+	}
+	lease.pmu.Unlock()
+	al := l.slices.settle(lease.local, it.Tokens, it.CostMicros, it.Cancel)
+	lease.settled.Store(true)
+	return SettleResult{Applied: true, Alerts: al}, true
+}
+
 // maxSettleGroup bounds the requests settled by one script call.
 const maxSettleGroup = 64
 
