@@ -234,17 +234,15 @@ type admissionReporter exchange
 
 func (r *admissionReporter) Report() limits.Report { return (*exchange)(r).report(time.Now()) }
 
-// highestPrices returns the highest input, cached-input and output prices
-// of the candidates.
-func highestPrices(cands []candidate) *configv1.Prices {
-	out := &configv1.Prices{}
+// setHighestPrices sets out to the highest input, cached-input and output
+// prices of the candidates.
+func setHighestPrices(out *configv1.Prices, cands []candidate) {
 	for _, c := range cands {
 		pr := c.d.GetPrices()
 		out.InputPerToken = max(out.InputPerToken, pr.GetInputPerToken())
 		out.CachedInputPerToken = max(out.CachedInputPerToken, pr.GetCachedInputPerToken())
 		out.OutputPerToken = max(out.OutputPerToken, pr.GetOutputPerToken())
 	}
-	return out
 }
 
 func (h *Handler) renewInterval() time.Duration {

@@ -48,25 +48,26 @@ var errLeaseLost = errors.New("concurrency leases could not be renewed (limits u
 // (labels, catalog.LabelScopes). Scopes without any limit are left out.
 func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1.LabelScope, group string, fallbackDefault bool) []limits.Scope {
 	var out []limits.Scope
-	// The budgets of the scopes, allocated together (a scope points into
-	// it; a reallocation leaves the earlier ones where they are).
+	// The budgets of the scopes (a scope points into it; a reallocation
+	// leaves the earlier ones where they are). The first four scopes and
+	// budgets are allocated together.
 	var buds []limits.Budget
 	var local bool // the rate_limit_fallback of the level being added
 	add := func(kind, id string, rpm, tpm, par int64, capUSD, softUSD float64, window string) {
 		s := limits.Scope{Kind: kind, ID: id, RPM: rpm, TPM: tpm, MaxParallel: par, LocalFallback: local}
-		if (capUSD > 0 || softUSD > 0) && window != "" {
-			if buds == nil {
-				buds = make([]limits.Budget, 0, 4)
-			}
+		hasBudget := (capUSD > 0 || softUSD > 0) && window != ""
+		if !hasBudget && s.RPM <= 0 && s.TPM <= 0 && s.MaxParallel <= 0 {
+			return
+		}
+		if out == nil {
+			a := new(scopeArena)
+			out, buds = a.scopes[:0], a.budgets[:0]
+		}
+		if hasBudget {
 			buds = append(buds, limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window})
 			s.Budget = &buds[len(buds)-1]
 		}
-		if s.RPM > 0 || s.TPM > 0 || s.MaxParallel > 0 || s.Budget != nil {
-			if out == nil {
-				out = make([]limits.Scope, 0, 4+len(labels))
-			}
-			out = append(out, s)
-		}
+		out = append(out, s)
 	}
 	fallback := func(l *configv1.Limits) bool {
 		switch l.GetRateLimitFallback() {
@@ -120,6 +121,13 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1
 		level(kind, ls.GetId(), ls.GetLimits(), 0)
 	}
 	return out
+}
+
+// scopeArena is where limitScopes puts a request's first scopes and
+// budgets: one allocation for the usual key, team and org levels.
+type scopeArena struct {
+	scopes  [4]limits.Scope
+	budgets [4]limits.Budget
 }
 
 // estimate returns the admission token estimate and the maximum cost
@@ -211,7 +219,8 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []can
 	for _, s := range scopes {
 		if s.Budget != nil || s.TPM > 0 || s.MaxParallel > 0 {
 			// Something to settle: admitted sweepable (lease.go).
-			x.lostPrices = highestPrices(cands)
+			setHighestPrices(&x.lostPricesV, cands)
+			x.lostPrices = &x.lostPricesV
 			// The admission is the first report (its bound kicks a
 			// renewal, the stream's rate is measured from it); the
 			// report itself is built only if the limiter sends it.

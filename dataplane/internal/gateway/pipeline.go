@@ -109,6 +109,8 @@ type exchange struct {
 	// of its report before it is forwarded (lease.go).
 	prog       progress
 	lostPrices *configv1.Prices
+	// lostPricesV is what lostPrices points to (one allocation less).
+	lostPricesV configv1.Prices
 	// aff is the request's affinity (affinity.go), rt its group's routing
 	// strategy (strategy.go), pf the current attempt's prefill (prefill.go).
 	aff affinityState

@@ -312,6 +312,9 @@ type Lease struct {
 	pmu      sync.Mutex
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
+	// sweepV is what sweep points to for a request admitted entirely
+	// from slices (one allocation less).
+	sweepV sweepState
 	// prefillScope is the 1-based index of the scope accounting the
 	// request's prefill (0: none); prefill its contribution, asserted by
 	// every renewal.
@@ -605,6 +608,12 @@ func (l *Lease) Local() bool { return len(l.local) > 0 }
 
 // validate checks req before any Redis call.
 func validate(req *Request) ([]budget.Unit, error) {
+	return validateUnits(req, true)
+}
+
+// validateUnits is validate; withUnits false returns no units (nil),
+// without allocating them.
+func validateUnits(req *Request, withUnits bool) ([]budget.Unit, error) {
 	var errs []error
 	if !validTagPart(req.OrgID) {
 		errs = append(errs, fmt.Errorf("org id %q must be non-empty without '{' or '}'", req.OrgID))
@@ -626,7 +635,10 @@ func validate(req *Request) ([]budget.Unit, error) {
 			errs = append(errs, errors.New("prefill tokens and cap must be ≥ 0"))
 		}
 	}
-	units := make([]budget.Unit, len(req.Scopes))
+	var units []budget.Unit
+	if withUnits {
+		units = make([]budget.Unit, len(req.Scopes))
+	}
 	for i, s := range req.Scopes {
 		if !validKinds[s.Kind] || s.ID == "" {
 			errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
@@ -642,7 +654,9 @@ func validate(req *Request) ([]budget.Unit, error) {
 			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 {
 				errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
 			}
-			units[i] = u
+			if withUnits {
+				units[i] = u
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -663,17 +677,20 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 // seeded from the ledger (seed.go): then Admit takes a few round trips
 // more, or rejects with Rejection.Unseeded.
 func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
-	units, err := validate(&req)
+	sliced := l.slices != nil && req.Prefill == nil
+	// With slices the budget units are needed only for an exact call.
+	units, err := validateUnits(&req, !sliced)
 	if err != nil {
 		return Decision{}, err
 	}
-	if l.slices == nil || req.Prefill != nil {
+	if !sliced {
 		// A prefill scope limits concurrency only: nothing of it is sliced,
 		// and the scope indexes stay those of req.
 		return l.admitExact(ctx, req, units)
 	}
 	takes, rest, hdr, waits := l.slices.take(&req)
 	if len(takes) == 0 {
+		units, _ = validate(&req) // valid: checked above
 		d, err := l.admitExact(ctx, req, units)
 		return l.slices.withWaits(d, err, waits), err
 	}
@@ -685,11 +702,13 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
 		if req.sweepable() && (lease.localTPM || lease.localHold) {
+			lease.sweepV.spec = specVersion
 			if req.Report != nil {
-				lease.sweep = newSweepState(nil, *req.Report)
+				lease.sweepV.rep = *req.Report
 			} else {
-				lease.sweep = &sweepState{spec: specVersion, lazy: req.Reporter}
+				lease.sweepV.lazy = req.Reporter
 			}
+			lease.sweep = &lease.sweepV
 			lease.promote, lease.born = true, time.Now()
 		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil

@@ -239,15 +239,15 @@ const (
 // sliceTake is the part of a request admitted from a slice of one scope.
 type sliceTake struct {
 	sc     *sliceScope
-	kind   uint8
 	bucket int64 // rate: the slice's bucket
 	r, t   int64
-	hasTPM bool
 	// budget: the reservation, its window and epoch
 	cost, widx, epoch int64
 	// concurrency: the member, and the generation it was taken under
 	member string
 	gen    uint64
+	kind   uint8 // last: the two small fields share one word
+	hasTPM bool
 }
 
 // slicer holds the slices of one Limiter.
@@ -498,8 +498,12 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			continue
 		}
 		if takes == nil {
-			// At most one take per kind and scope.
-			takes = make([]sliceTake, 0, 3*len(req.Scopes))
+			// At most one take per kind sliced of this scope and the next.
+			n := 0
+			for j := i; j < len(req.Scopes); j++ {
+				n += boolInt(s.rateOK(&req.Scopes[j])) + boolInt(s.budgetOK(&req.Scopes[j])) + boolInt(s.parOK(&req.Scopes[j]))
+			}
+			takes = make([]sliceTake, 0, n)
 		}
 		st := s.scope(req.OrgID, sc)
 		st.mu.Lock()
@@ -611,6 +615,13 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		rest = append(rest, sc)
 	}
 	return takes, rest, hdr, waits
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // unwait ends the slot demand of an exact admission (take's waits).
