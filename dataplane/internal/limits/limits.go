@@ -166,14 +166,6 @@ type Reporter interface {
 // Reporter).
 func (r *Request) sweepable() bool { return r.Report != nil || r.Reporter != nil }
 
-// report returns req's report (Reporter called now).
-func (r *Request) report() Report {
-	if r.Report != nil {
-		return *r.Report
-	}
-	return r.Reporter.Report()
-}
-
 // Prefill is a request's prompt prefill, accounted on one scope of its
 // admission: the scope's prefill in flight is the sum of the
 // contributions of its live leases. A contribution leaves when the lease

@@ -2,11 +2,15 @@ package limits
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkSlicedRequest is the limiter's CPU on the request path of a
@@ -89,4 +93,69 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// countReporter counts the reports built.
+type countReporter struct{ n atomic.Int64 }
+
+func (c *countReporter) Report() Report {
+	c.n.Add(1)
+	return Report{Tokens: 1, CostMicros: 1, Event: []byte("ev")}
+}
+
+// TestSlicesReporterAndSettleLocal: a request admitted entirely from
+// slices builds no report (Request.Reporter is not called) and settles in
+// process (SettleLocal, no Redis call; a second settlement is a no-op);
+// an exact admission builds its report once, for its record.
+func TestSlicesReporterAndSettleLocal(t *testing.T) {
+	f := newSliceFleet(t, 1, 6*time.Second, 100*time.Millisecond, SliceConfig{Tick: 10 * time.Millisecond}, true)
+	lim, cs := f.lims[0], f.counts[0]
+	ctx := context.Background()
+	scopes := []Scope{{Kind: KindKey, ID: "k", RPM: 1e7, TPM: 1e10, MaxParallel: 1000}}
+	seq := 0
+	var rep countReporter
+	admit := func(sc []Scope) Decision {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("q%d", seq), Scopes: sc, EstTokens: 100, Reporter: &rep})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d
+	}
+	require.Eventually(t, func() bool {
+		d := admit(scopes)
+		_, err := lim.Settle(ctx, d.Lease, 60, 0)
+		require.NoError(t, err)
+		return d.Lease.Local() && !d.Lease.needs && d.Lease.keys == nil
+	}, 10*time.Second, time.Millisecond)
+	var d Decision
+	for range 100 {
+		if d = admit(scopes); d.Lease.Local() && !d.Lease.needs && d.Lease.keys == nil {
+			break
+		}
+		_, err := lim.Settle(ctx, d.Lease, 60, 0)
+		require.NoError(t, err)
+	}
+	require.True(t, d.Lease.Local() && !d.Lease.needs && d.Lease.keys == nil, "admitted from slices")
+	require.True(t, d.Lease.Sweepable())
+	n0, settles := rep.n.Load(), cs.count(settleScript)
+	res, ok := lim.SettleLocal(SettleItem{Lease: d.Lease, Tokens: 60})
+	require.True(t, ok)
+	require.True(t, res.Applied)
+	require.Equal(t, n0, rep.n.Load(), "no report built for a request admitted from slices")
+	again, err := lim.Settle(ctx, d.Lease, 60, 0)
+	require.NoError(t, err)
+	require.False(t, again.Applied, "settled once")
+	require.Equal(t, settles, cs.count(settleScript), "no settle call")
+	_, ok = lim.SettleLocal(SettleItem{Lease: d.Lease, Tokens: 60})
+	require.False(t, ok)
+
+	// Below MinParallel: exact, with its report in its record.
+	n0 = rep.n.Load()
+	d = admit([]Scope{{Kind: KindKey, ID: "small", MaxParallel: 5}})
+	require.False(t, d.Lease.Local())
+	require.Equal(t, n0+1, rep.n.Load(), "the exact admission built its report once")
+	_, ok = lim.SettleLocal(SettleItem{Lease: d.Lease})
+	require.False(t, ok, "an exact lease settles in Redis")
+	_, err = lim.Settle(ctx, d.Lease, 0, 0)
+	require.NoError(t, err)
 }
