@@ -134,6 +134,22 @@ func (x *exchange) kickRenewal() {
 // file): the usage a sweeper charges if this process dies, and the usage
 // event it publishes then.
 func (x *exchange) report(now time.Time) limits.Report {
+	u := x.reportUsage(now)
+	return x.reportOf(now, u)
+}
+
+// reportedUsage is what a report covers (reportUsage).
+type reportedUsage struct {
+	prompt, completion, cached int64
+	dep                        *catalog.Deployment
+	attempts, status           int
+	ttft                       time.Duration
+}
+
+// reportUsage returns the usage a report made now covers, and makes it
+// the last report (the stream's rate is measured from it, and relaying
+// past its bound kicks a renewal).
+func (x *exchange) reportUsage(now time.Time) reportedUsage {
 	p := &x.prog
 	p.mu.Lock()
 	chunks := p.chunks.Load()
@@ -171,9 +187,15 @@ func (x *exchange) report(now time.Time) limits.Report {
 	} else {
 		p.kickAt.Store(bound + 1)
 	}
-	dep, attempts, status, ttft := p.dep, p.attempts, p.status, p.ttft
+	u := reportedUsage{prompt: prompt, completion: completion, cached: cached, dep: p.dep, attempts: p.attempts, status: p.status, ttft: p.ttft}
 	p.mu.Unlock()
+	return u
+}
 
+// reportOf builds the report of usage u as of now: the usage event a
+// sweeper publishes, marshaled.
+func (x *exchange) reportOf(now time.Time, u reportedUsage) limits.Report {
+	prompt, completion, cached, dep, attempts, status, ttft := u.prompt, u.completion, u.cached, u.dep, u.attempts, u.status, u.ttft
 	if status == 0 {
 		status = statusProxyLost
 	}
@@ -204,17 +226,23 @@ func (x *exchange) report(now time.Time) limits.Report {
 	return limits.Report{Tokens: prompt + completion, CostMicros: budget.Micros(ev.CostUsd), Event: data}
 }
 
-// highestPrices returns the highest input, cached-input and output prices
-// of the candidates.
-func highestPrices(cands []candidate) *configv1.Prices {
-	out := &configv1.Prices{}
+// admissionReporter is an exchange as the limits.Reporter of its
+// admission: the report is built only if the admission writes a record
+// (an exact one); a request admitted entirely from quota slices sends its
+// first report with a renewal.
+type admissionReporter exchange
+
+func (r *admissionReporter) Report() limits.Report { return (*exchange)(r).report(time.Now()) }
+
+// setHighestPrices sets out to the highest input, cached-input and output
+// prices of the candidates.
+func setHighestPrices(out *configv1.Prices, cands []candidate) {
 	for _, c := range cands {
 		pr := c.d.GetPrices()
 		out.InputPerToken = max(out.InputPerToken, pr.GetInputPerToken())
 		out.CachedInputPerToken = max(out.CachedInputPerToken, pr.GetCachedInputPerToken())
 		out.OutputPerToken = max(out.OutputPerToken, pr.GetOutputPerToken())
 	}
-	return out
 }
 
 func (h *Handler) renewInterval() time.Duration {

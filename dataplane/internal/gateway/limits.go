@@ -48,15 +48,26 @@ var errLeaseLost = errors.New("concurrency leases could not be renewed (limits u
 // (labels, catalog.LabelScopes). Scopes without any limit are left out.
 func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1.LabelScope, group string, fallbackDefault bool) []limits.Scope {
 	var out []limits.Scope
+	// The budgets of the scopes (a scope points into it; a reallocation
+	// leaves the earlier ones where they are). The first four scopes and
+	// budgets are allocated together.
+	var buds []limits.Budget
 	var local bool // the rate_limit_fallback of the level being added
 	add := func(kind, id string, rpm, tpm, par int64, capUSD, softUSD float64, window string) {
 		s := limits.Scope{Kind: kind, ID: id, RPM: rpm, TPM: tpm, MaxParallel: par, LocalFallback: local}
-		if (capUSD > 0 || softUSD > 0) && window != "" {
-			s.Budget = &limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window}
+		hasBudget := (capUSD > 0 || softUSD > 0) && window != ""
+		if !hasBudget && s.RPM <= 0 && s.TPM <= 0 && s.MaxParallel <= 0 {
+			return
 		}
-		if s.RPM > 0 || s.TPM > 0 || s.MaxParallel > 0 || s.Budget != nil {
-			out = append(out, s)
+		if out == nil {
+			a := new(scopeArena)
+			out, buds = a.scopes[:0], a.budgets[:0]
 		}
+		if hasBudget {
+			buds = append(buds, limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window})
+			s.Budget = &buds[len(buds)-1]
+		}
+		out = append(out, s)
 	}
 	fallback := func(l *configv1.Limits) bool {
 		switch l.GetRateLimitFallback() {
@@ -110,6 +121,13 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1
 		level(kind, ls.GetId(), ls.GetLimits(), 0)
 	}
 	return out
+}
+
+// scopeArena is where limitScopes puts a request's first scopes and
+// budgets: one allocation for the usual key, team and org levels.
+type scopeArena struct {
+	scopes  [4]limits.Scope
+	budgets [4]limits.Budget
 }
 
 // estimate returns the admission token estimate and the maximum cost
@@ -201,9 +219,13 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []can
 	for _, s := range scopes {
 		if s.Budget != nil || s.TPM > 0 || s.MaxParallel > 0 {
 			// Something to settle: admitted sweepable (lease.go).
-			x.lostPrices = highestPrices(cands)
-			rep := x.report(time.Now())
-			req.Report = &rep
+			setHighestPrices(&x.lostPricesV, cands)
+			x.lostPrices = &x.lostPricesV
+			// The admission is the first report (its bound kicks a
+			// renewal, the stream's rate is measured from it); the
+			// report itself is built only if the limiter sends it.
+			x.reportUsage(time.Now())
+			req.Reporter = (*admissionReporter)(x)
 			break
 		}
 	}
@@ -306,38 +328,82 @@ func usd(micros int64) string {
 // (draft-ietf-httpapi-ratelimit-headers: "rpm" and "tpm" policies over a
 // 60 s window). The values that depend only on the limits (a snapshot's
 // settings) are built once per pair of limits (rateHeaderCache); only
-// remaining and reset are formatted per request.
+// remaining and reset are formatted per request, all into one string (one
+// allocation, and one for the value slices).
 func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
 	if rh.LimitRequests <= 0 && rh.LimitTokens <= 0 {
 		return
 	}
 	pc := rateHeaderValues(rh.LimitRequests, rh.LimitTokens)
-	var state []byte
+	// buf holds the values in order: remaining and reset of requests, of
+	// tokens (for the kinds limited), then the RateLimit field; end[i] is
+	// where value i ends.
+	var bb [192]byte
+	buf := bb[:0]
+	var end [5]int
+	n := 0
+	var remR, remT []byte
 	if rh.LimitRequests > 0 {
-		rem := strconv.FormatInt(max(rh.RemainingRequests, 0), 10)
-		hd["X-Ratelimit-Limit-Requests"] = pc.limitR
-		hd["X-Ratelimit-Remaining-Requests"] = []string{rem}
-		hd["X-Ratelimit-Reset-Requests"] = []string{resetString(rh.ResetRequests)}
-		state = append(state, `"rpm";r=`...)
-		state = append(state, rem...)
-		state = append(state, ";t="...)
-		state = strconv.AppendInt(state, ceilSecondsInt(rh.ResetRequests), 10)
+		buf = strconv.AppendInt(buf, max(rh.RemainingRequests, 0), 10)
+		remR = buf[:len(buf):len(buf)]
+		end[n] = len(buf)
+		n++
+		buf = appendReset(buf, rh.ResetRequests)
+		end[n] = len(buf)
+		n++
 	}
 	if rh.LimitTokens > 0 {
-		rem := strconv.FormatInt(max(rh.RemainingTokens, 0), 10)
-		hd["X-Ratelimit-Limit-Tokens"] = pc.limitT
-		hd["X-Ratelimit-Remaining-Tokens"] = []string{rem}
-		hd["X-Ratelimit-Reset-Tokens"] = []string{resetString(rh.ResetTokens)}
-		if len(state) > 0 {
-			state = append(state, ", "...)
+		from := len(buf)
+		buf = strconv.AppendInt(buf, max(rh.RemainingTokens, 0), 10)
+		remT = buf[from:len(buf):len(buf)]
+		end[n] = len(buf)
+		n++
+		buf = appendReset(buf, rh.ResetTokens)
+		end[n] = len(buf)
+		n++
+	}
+	if rh.LimitRequests > 0 {
+		buf = append(buf, `"rpm";r=`...)
+		buf = append(buf, remR...)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSecondsInt(rh.ResetRequests), 10)
+	}
+	if rh.LimitTokens > 0 {
+		if rh.LimitRequests > 0 {
+			buf = append(buf, ", "...)
 		}
-		state = append(state, `"tpm";r=`...)
-		state = append(state, rem...)
-		state = append(state, ";t="...)
-		state = strconv.AppendInt(state, ceilSecondsInt(rh.ResetTokens), 10)
+		buf = append(buf, `"tpm";r=`...)
+		buf = append(buf, remT...)
+		buf = append(buf, ";t="...)
+		buf = strconv.AppendInt(buf, ceilSecondsInt(rh.ResetTokens), 10)
+	}
+	end[n] = len(buf)
+	n++
+	all := string(buf)
+	vals := make([]string, n)
+	from := 0
+	for i := range n {
+		vals[i] = all[from:end[i]]
+		from = end[i]
+	}
+	// Each header gets its own one-element slice of vals (capacity 1: an
+	// Add elsewhere reallocates rather than writing into the next value).
+	v := func(i int) []string { return vals[i : i+1 : i+1] }
+	i := 0
+	if rh.LimitRequests > 0 {
+		hd["X-Ratelimit-Limit-Requests"] = pc.limitR
+		hd["X-Ratelimit-Remaining-Requests"] = v(i)
+		hd["X-Ratelimit-Reset-Requests"] = v(i + 1)
+		i += 2
+	}
+	if rh.LimitTokens > 0 {
+		hd["X-Ratelimit-Limit-Tokens"] = pc.limitT
+		hd["X-Ratelimit-Remaining-Tokens"] = v(i)
+		hd["X-Ratelimit-Reset-Tokens"] = v(i + 1)
+		i += 2
 	}
 	hd["Ratelimit-Policy"] = pc.policy
-	hd["Ratelimit"] = []string{string(state)}
+	hd["Ratelimit"] = v(i)
 }
 
 // rateHeaderSet is the limit-only header values of one pair of limits.
@@ -386,14 +452,40 @@ func rateHeaderValues(rpm, tpm int64) *rateHeaderSet {
 }
 
 // resetString formats a reset duration as OpenAI does ("1s", "6m0s", "20ms").
-func resetString(d time.Duration) string {
+func resetString(d time.Duration) string { return string(appendReset(nil, d)) }
+
+// appendReset appends resetString(d) to b: under a second in whole
+// milliseconds (at least 1), else d rounded to the millisecond as
+// time.Duration.String formats it ("1m0.276s", "1h0m5s").
+func appendReset(b []byte, d time.Duration) []byte {
 	if d <= 0 {
-		return "0s"
+		return append(b, "0s"...)
 	}
 	if d < time.Second {
-		return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
+		b = strconv.AppendInt(b, max(d.Milliseconds(), 1), 10)
+		return append(b, "ms"...)
 	}
-	return d.Round(time.Millisecond).String()
+	ms := int64(d.Round(time.Millisecond) / time.Millisecond)
+	h, m, sec, frac := ms/3_600_000, ms/60_000%60, ms/1000%60, ms%1000
+	if h > 0 {
+		b = strconv.AppendInt(b, h, 10)
+		b = append(b, 'h')
+	}
+	if h > 0 || m > 0 {
+		b = strconv.AppendInt(b, m, 10)
+		b = append(b, 'm')
+	}
+	b = strconv.AppendInt(b, sec, 10)
+	if frac > 0 {
+		digits := [3]byte{byte('0' + frac/100), byte('0' + frac/10%10), byte('0' + frac%10)}
+		k := 3
+		for digits[k-1] == '0' {
+			k--
+		}
+		b = append(b, '.')
+		b = append(b, digits[:k]...)
+	}
+	return append(b, 's')
 }
 
 func ceilSecondsInt(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
@@ -469,7 +561,8 @@ func (x *exchange) startRenewal() {
 	if lim == nil || x.renewal != nil {
 		return
 	}
-	r := &renewal{x: x, lastOK: time.Now()}
+	r := &x.renewalV
+	*r = renewal{x: x, lastOK: time.Now()}
 	x.renewal = r
 	x.h.renewals.add(r, lim)
 }
@@ -580,8 +673,17 @@ func (h *Handler) settleAsync(l *limits.Lease, tokens, costMicros int64, meta al
 
 // enqueueSettle hands a settlement to the settlement worker
 // (limits.Settler, run by Run); done, when set, runs once it is settled
-// or given up.
+// or given up. A request admitted entirely from quota slices that wrote
+// nothing in Redis is settled here at once, in process (no call to wait
+// for, so no worker to wake).
 func (h *Handler) enqueueSettle(item limits.SettleItem, meta alertMeta, done func()) {
+	if res, ok := h.cfg.Limiter.SettleLocal(item); ok {
+		h.settled(res, meta)
+		if done != nil {
+			done()
+		}
+		return
+	}
 	h.m.pendingSettles.Inc()
 	h.settler.Enqueue(limits.SettleJob{Item: item, Done: func(res limits.SettleResult, err error) {
 		if err != nil {

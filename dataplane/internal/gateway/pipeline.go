@@ -108,11 +108,14 @@ type exchange struct {
 	estTokens int64
 	leases    liveLeases
 	renewal   *renewal
+	renewalV  renewal // what renewal points to (one allocation less per request)
 	abort     context.CancelCauseFunc
 	// prog is what renewals report of the request, lostPrices the prices
 	// of its report before it is forwarded (lease.go).
 	prog       progress
 	lostPrices *configv1.Prices
+	// lostPricesV is what lostPrices points to (one allocation less).
+	lostPricesV configv1.Prices
 	// aff is the request's affinity (affinity.go), rt its group's routing
 	// strategy (strategy.go), pf the current attempt's prefill (prefill.go).
 	aff affinityState

@@ -16,7 +16,9 @@ import (
 // interval ± an eighth of it, never later than the abort rule allows (a
 // request whose renewals all failed for LeaseTTL − RenewInterval is
 // stopped, as before). The goroutine runs only while some request is
-// registered: it starts with the first and ends with the last.
+// registered: it starts with the first and ends at the second tick that
+// finds none (so a data plane serving one request at a time does not
+// start a goroutine and a ticker per request).
 
 // renewTicksPerInterval is how many ticks one renew interval holds.
 const renewTicksPerInterval = 4
@@ -55,13 +57,6 @@ func (t *renewTick) remove(r *renewal) {
 	defer t.mu.Unlock()
 	r.stopped = true
 	delete(t.set, r)
-	if len(t.set) == 0 && t.running {
-		// The goroutine ends now rather than at its next tick.
-		select {
-		case t.wake <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // kick makes r due now: it is renewed at once, or right after the batch
@@ -92,12 +87,17 @@ func (t *renewTick) run(lim *limits.Limiter) {
 	tick := interval / renewTicksPerInterval
 	tk := time.NewTicker(tick)
 	defer tk.Stop()
+	empty := 0 // ticks in a row that found no request
 	for {
 		t.mu.Lock()
 		if len(t.set) == 0 {
-			t.running = false
-			t.mu.Unlock()
-			return
+			if empty++; empty > 1 {
+				t.running = false
+				t.mu.Unlock()
+				return
+			}
+		} else {
+			empty = 0
 		}
 		horizon := time.Now().Add(tick / 2)
 		var due []*renewal

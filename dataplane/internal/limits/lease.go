@@ -49,10 +49,21 @@ type sweepState struct {
 	spec string
 	mu   sync.Mutex
 	rep  Report
+	// lazy, when set, supplies rep the first time it is needed (a request
+	// admitted entirely from slices with a Request.Reporter: its report
+	// is usually replaced by a renewal's before any is sent).
+	lazy Reporter
 }
 
 func newSweepState(scopes []Scope, rep Report) *sweepState {
 	return &sweepState{spec: encodeSpec(scopes), rep: rep}
+}
+
+// setReport replaces the report.
+func (s *sweepState) setReport(rep Report) {
+	s.mu.Lock()
+	s.rep, s.lazy = rep, nil
+	s.mu.Unlock()
 }
 
 // appendNote appends the report ARGV of admit.lua and renew.lua: the
@@ -64,6 +75,9 @@ func (s *sweepState) appendNote(a *argv) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.lazy != nil {
+		s.rep, s.lazy = s.lazy.Report(), nil
+	}
 	a.note(s.rep, s.spec)
 }
 
@@ -93,9 +107,7 @@ func (a *argv) note(rep Report, spec string) {
 // Report it is Renew.
 func (l *Limiter) RenewReport(ctx context.Context, lease *Lease, rep Report) (RenewState, error) {
 	if s := lease.sweep; s != nil {
-		s.mu.Lock()
-		s.rep = rep
-		s.mu.Unlock()
+		s.setReport(rep)
 	}
 	return l.Renew(ctx, lease)
 }
@@ -111,6 +123,9 @@ func (l *Lease) Sweepable() bool { return l.sweep != nil }
 const specVersion = "1"
 
 func encodeSpec(scopes []Scope) string {
+	if len(scopes) == 0 {
+		return specVersion // a request admitted entirely from slices
+	}
 	var b strings.Builder
 	b.Grow(32 * len(scopes))
 	b.WriteString(specVersion)

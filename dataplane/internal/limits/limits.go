@@ -144,10 +144,27 @@ type Request struct {
 	// a sweeper settles it with the last report and hands back its usage
 	// event (Sweep). Renewals update it (RenewReport).
 	Report *Report
+	// Reporter, when Report is nil, supplies the report the same way,
+	// called only when it is needed: by an admission that writes a record
+	// (an exact one). A request admitted entirely from quota slices
+	// writes none, so it builds no report (its record, if it lives long
+	// enough to need one, is written by a renewal, RenewItem.Report).
+	Reporter Reporter
 	// Prefill, when set, accounts the request's prefill on one of its
 	// scopes (lua/common.lua, "Prefill accounting").
 	Prefill *Prefill
 }
+
+// Reporter supplies a request's report (Request.Reporter). Report may be
+// called from another goroutine than the one that called Admit, once the
+// admission returned.
+type Reporter interface {
+	Report() Report
+}
+
+// sweepable reports whether req is admitted sweepable (Report or
+// Reporter).
+func (r *Request) sweepable() bool { return r.Report != nil || r.Reporter != nil }
 
 // Prefill is a request's prompt prefill, accounted on one scope of its
 // admission: the scope's prefill in flight is the sum of the
@@ -287,6 +304,9 @@ type Lease struct {
 	pmu      sync.Mutex
 	// sweep is set for a request admitted with a Report (lease.go).
 	sweep *sweepState
+	// sweepV is what sweep points to for a request admitted entirely
+	// from slices (one allocation less).
+	sweepV sweepState
 	// prefillScope is the 1-based index of the scope accounting the
 	// request's prefill (0: none); prefill its contribution, asserted by
 	// every renewal.
@@ -580,6 +600,12 @@ func (l *Lease) Local() bool { return len(l.local) > 0 }
 
 // validate checks req before any Redis call.
 func validate(req *Request) ([]budget.Unit, error) {
+	return validateUnits(req, true)
+}
+
+// validateUnits is validate; withUnits false returns no units (nil),
+// without allocating them.
+func validateUnits(req *Request, withUnits bool) ([]budget.Unit, error) {
 	var errs []error
 	if !validTagPart(req.OrgID) {
 		errs = append(errs, fmt.Errorf("org id %q must be non-empty without '{' or '}'", req.OrgID))
@@ -601,7 +627,10 @@ func validate(req *Request) ([]budget.Unit, error) {
 			errs = append(errs, errors.New("prefill tokens and cap must be ≥ 0"))
 		}
 	}
-	units := make([]budget.Unit, len(req.Scopes))
+	var units []budget.Unit
+	if withUnits {
+		units = make([]budget.Unit, len(req.Scopes))
+	}
 	for i, s := range req.Scopes {
 		if !validKinds[s.Kind] || s.ID == "" {
 			errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
@@ -617,7 +646,9 @@ func validate(req *Request) ([]budget.Unit, error) {
 			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 {
 				errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
 			}
-			units[i] = u
+			if withUnits {
+				units[i] = u
+			}
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -638,17 +669,20 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 // seeded from the ledger (seed.go): then Admit takes a few round trips
 // more, or rejects with Rejection.Unseeded.
 func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
-	units, err := validate(&req)
+	sliced := l.slices != nil && req.Prefill == nil
+	// With slices the budget units are needed only for an exact call.
+	units, err := validateUnits(&req, !sliced)
 	if err != nil {
 		return Decision{}, err
 	}
-	if l.slices == nil || req.Prefill != nil {
+	if !sliced {
 		// A prefill scope limits concurrency only: nothing of it is sliced,
 		// and the scope indexes stay those of req.
 		return l.admitExact(ctx, req, units)
 	}
 	takes, rest, hdr, waits := l.slices.take(&req)
 	if len(takes) == 0 {
+		units, _ = validate(&req) // valid: checked above
 		d, err := l.admitExact(ctx, req, units)
 		return l.slices.withWaits(d, err, waits), err
 	}
@@ -659,8 +693,14 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.
-		if req.Report != nil && (lease.localTPM || lease.localHold) {
-			lease.sweep = newSweepState(nil, *req.Report)
+		if req.sweepable() && (lease.localTPM || lease.localHold) {
+			lease.sweepV.spec = specVersion
+			if req.Report != nil {
+				lease.sweepV.rep = *req.Report
+			} else {
+				lease.sweepV.lazy = req.Reporter
+			}
+			lease.sweep = &lease.sweepV
 			lease.promote, lease.born = true, time.Now()
 		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
@@ -689,6 +729,10 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 // admitExact admits req in Redis (admit.lua), seeding missing budget
 // windows first.
 func (l *Limiter) admitExact(ctx context.Context, req Request, units []budget.Unit) (Decision, error) {
+	if req.Report == nil && req.Reporter != nil {
+		rep := req.Reporter.Report() // the record carries it
+		req.Report = &rep
+	}
 	d, err := l.admitOnce(ctx, req, units)
 	if err != nil || d.unseeded == nil {
 		return d, err
@@ -870,9 +914,7 @@ func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewSta
 	for i, it := range items {
 		lease := it.Lease
 		if it.Report != nil && lease.sweep != nil {
-			lease.sweep.mu.Lock()
-			lease.sweep.rep = *it.Report
-			lease.sweep.mu.Unlock()
+			lease.sweep.setReport(*it.Report)
 		}
 		switch {
 		case lease.settled.Load():
@@ -958,6 +1000,30 @@ func (l *Limiter) Cancel(ctx context.Context, lease *Lease) (SettleResult, error
 func (l *Limiter) SettleOne(ctx context.Context, it SettleItem) (SettleResult, error) {
 	res, errs := l.SettleBatch(ctx, []SettleItem{it})
 	return res[0], errs[0]
+}
+
+// SettleLocal settles it in process when its lease holds nothing in
+// Redis: every limit of the request was admitted from quota slices and
+// no renewal wrote its record. ok false: nothing was done (SettleBatch
+// settles it); the result is then SettleBatch's for such a lease. It
+// never waits for Redis: a renewal writing the lease's record at that
+// moment leaves the settlement to SettleBatch.
+func (l *Limiter) SettleLocal(it SettleItem) (res SettleResult, ok bool) {
+	lease := it.Lease
+	if l.slices == nil || lease.local == nil || lease.needs || lease.pwait != nil || lease.keys != nil || lease.settled.Load() {
+		return SettleResult{}, false
+	}
+	if !lease.pmu.TryLock() {
+		return SettleResult{}, false // renewRecord is writing the record
+	}
+	if lease.recorded.Load() || !lease.localDone.CompareAndSwap(false, true) {
+		lease.pmu.Unlock()
+		return SettleResult{}, false
+	}
+	lease.pmu.Unlock()
+	al := l.slices.settle(lease.local, it.Tokens, it.CostMicros, it.Cancel)
+	lease.settled.Store(true)
+	return SettleResult{Applied: true, Alerts: al}, true
 }
 
 // maxSettleGroup bounds the requests settled by one script call.

@@ -239,15 +239,15 @@ const (
 // sliceTake is the part of a request admitted from a slice of one scope.
 type sliceTake struct {
 	sc     *sliceScope
-	kind   uint8
 	bucket int64 // rate: the slice's bucket
 	r, t   int64
-	hasTPM bool
 	// budget: the reservation, its window and epoch
 	cost, widx, epoch int64
 	// concurrency: the member, and the generation it was taken under
 	member string
 	gen    uint64
+	kind   uint8 // last: the two small fields share one word
+	hasTPM bool
 }
 
 // slicer holds the slices of one Limiter.
@@ -454,6 +454,17 @@ func sameBudget(a, b *Budget) bool {
 // record their demand, so the worker carves for them.
 func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders, waits []*sliceScope) {
 	now := s.now()
+	// left[i] is what scope i still needs Redis for (a bit per kind:
+	// rate, budget, concurrency); the rest is built only when some scope
+	// has anything left, so a request that fits its slices allocates
+	// nothing for it.
+	const leftR, leftB, leftP = 1, 2, 4
+	var leftBuf [16]uint8
+	left := leftBuf[:0]
+	if len(req.Scopes) > len(leftBuf) {
+		left = make([]uint8, 0, len(req.Scopes))
+	}
+	anyLeft := false
 	// Redis did not answer lately: admitted exactly (and so fail closed
 	// within the call timeout, as without slices); demand is recorded.
 	live := s.live(now)
@@ -465,6 +476,16 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 	}()
 	for i := range req.Scopes {
 		sc := &req.Scopes[i]
+		var lf uint8
+		if sc.RPM > 0 || sc.TPM > 0 {
+			lf |= leftR
+		}
+		if sc.Budget != nil {
+			lf |= leftB
+		}
+		if sc.MaxParallel > 0 {
+			lf |= leftP
+		}
 		okR, okB, okP := s.rateOK(sc), s.budgetOK(sc), s.parOK(sc)
 		if !okR && !okB && !okP {
 			if st := s.lookup(req.OrgID, sc); st != nil {
@@ -472,7 +493,17 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 				st.limitsLocked(sc)
 				st.mu.Unlock()
 			}
+			left = append(left, lf)
+			anyLeft = anyLeft || lf != 0
 			continue
+		}
+		if takes == nil {
+			// At most one take per kind sliced of this scope and the next.
+			n := 0
+			for j := i; j < len(req.Scopes); j++ {
+				n += boolInt(s.rateOK(&req.Scopes[j])) + boolInt(s.budgetOK(&req.Scopes[j])) + boolInt(s.parOK(&req.Scopes[j]))
+			}
+			takes = make([]sliceTake, 0, n)
 		}
 		st := s.scope(req.OrgID, sc)
 		st.mu.Lock()
@@ -545,31 +576,52 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			kick = true
 		}
 		st.mu.Unlock()
-		if tookR || tookB || tookP {
-			if rest == nil {
-				rest = append(make([]Scope, 0, len(req.Scopes)), req.Scopes...)
-			}
-			if tookR {
-				rest[i].RPM, rest[i].TPM = 0, 0
-			}
-			if tookB {
-				rest[i].Budget = nil
-			}
-			if tookP {
-				rest[i].MaxParallel = 0
-			}
+		if tookR {
+			lf &^= leftR
 		}
+		if tookB {
+			lf &^= leftB
+		}
+		if tookP {
+			lf &^= leftP
+		}
+		left = append(left, lf)
+		anyLeft = anyLeft || lf != 0
 	}
-	if rest == nil {
+	if len(takes) == 0 {
 		return nil, req.Scopes, hdr, waits
 	}
-	out := rest[:0]
-	for _, sc := range rest {
-		if sc.RPM > 0 || sc.TPM > 0 || sc.MaxParallel > 0 || sc.Budget != nil {
-			out = append(out, sc)
-		}
+	if !anyLeft {
+		return takes, nil, hdr, waits
 	}
-	return takes, out, hdr, waits
+	// The scopes with anything left, without the limits taken locally.
+	for i, sc := range req.Scopes {
+		lf := left[i]
+		if lf == 0 {
+			continue
+		}
+		if rest == nil {
+			rest = make([]Scope, 0, len(req.Scopes))
+		}
+		if lf&leftR == 0 {
+			sc.RPM, sc.TPM = 0, 0
+		}
+		if lf&leftB == 0 {
+			sc.Budget = nil
+		}
+		if lf&leftP == 0 {
+			sc.MaxParallel = 0
+		}
+		rest = append(rest, sc)
+	}
+	return takes, rest, hdr, waits
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // unwait ends the slot demand of an exact admission (take's waits).
