@@ -389,7 +389,7 @@ type llRig struct {
 	redis   *llRedis
 	up      *httptest.Server
 	off, on tenant
-	// ps is a second data plane with quota slices on (--limit-slices),
+	// ps is a second data plane with quota slices on (the default),
 	// and rate a tenant limited at key, team and org by rpm and tpm only
 	// (addSliced; nil and zero until then).
 	ps        *proxy
@@ -452,7 +452,11 @@ func llSetupRig(tb testing.TB, d *dist) *llRig {
 	_, err = c.Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: &adminv1.Key{Id: r.on.KeyID, Limits: llOnLimits()}, UpdateMask: mask}))
 	require.NoError(tb, err)
 
-	r.p = d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.RedisURL, c.RedisKeyPrefix = r.redis.url, "llb:" })
+	// r.p admits exactly (--limit-slices=false): the benchmark's exact
+	// phases and the one-round-trip audit measure exact admission.
+	r.p = d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
+		c.RedisURL, c.RedisKeyPrefix, c.NoLimitSlices = r.redis.url, "llb:", true
+	})
 	d.waitCaughtUp(tb, 15*time.Second, r.p)
 	// The orgs' limits state is new to this Redis: the first requests of
 	// the "on" org wait out the epoch quarantine (docs/limits.md); the
@@ -500,7 +504,7 @@ func (r *llRig) addSliced(tb testing.TB) {
 	_, err = c.Key.UpdateKey(ctx, connect.NewRequest(&adminv1.UpdateKeyRequest{Key: &adminv1.Key{Id: r.rate.KeyID, Limits: llRateLimits()}, UpdateMask: mask}))
 	require.NoError(tb, err)
 	r.ps = d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
-		c.RedisURL, c.RedisKeyPrefix, c.LimitSlices = r.redis.url, "llb:", true
+		c.RedisURL, c.RedisKeyPrefix = r.redis.url, "llb:" // quota slices: the default
 	})
 	d.waitCaughtUp(tb, 15*time.Second, r.ps, r.p)
 	cl := benchClient()

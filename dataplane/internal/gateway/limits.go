@@ -677,10 +677,19 @@ func (h *Handler) alert(a limits.BudgetAlert, meta alertMeta) {
 }
 
 // Drain waits until no settlement is pending or ctx ends (Run must be
-// running).
+// running), then gives back the quota slices the limiter holds
+// (limits.Limiter.ReturnSlices): a drained data plane expects no more
+// requests, so its free slots, budget and rate units go back to the fleet
+// at once instead of when the scopes linger.
 func (h *Handler) Drain(ctx context.Context) error {
 	if h.settler == nil {
 		return nil
 	}
-	return h.settler.Drain(ctx)
+	if err := h.settler.Drain(ctx); err != nil {
+		return err
+	}
+	if h.cfg.Limiter == nil {
+		return nil
+	}
+	return h.cfg.Limiter.ReturnSlices(ctx)
 }

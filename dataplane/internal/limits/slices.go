@@ -273,6 +273,10 @@ type slicer struct {
 	wake     chan struct{}
 	tmu      sync.Mutex
 	lastTick time.Time
+	// running: RunSlices is running; flush asks it to give every slice
+	// back (ReturnSlices) and is closed-over done when it has.
+	running atomic.Bool
+	flush   chan chan struct{}
 }
 
 // kick asks the worker for an early tick: a request found no usable
@@ -377,7 +381,8 @@ func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
 
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	cfg.defaults()
-	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1)}
+	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1),
+		flush: make(chan chan struct{})}
 }
 
 // rateOK reports whether a scope's rate limits may be sliced.
@@ -846,6 +851,8 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	s.running.Store(true)
+	defer s.running.Store(false)
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
 	hctx, stopBeat := context.WithCancel(ctx)
@@ -857,6 +864,13 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 		case <-ctx.Done():
 			s.release()
 			return nil
+		case done := <-s.flush:
+			s.release()
+			// Carves that were in flight when the slices were revoked
+			// are given back as they land (applyCarve): one more call
+			// sends what they queued.
+			s.release()
+			close(done)
 		case <-t.C:
 			s.tick(ctx, false)
 		case <-s.wake:
@@ -870,7 +884,33 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 	}
 }
 
-// release revokes every slice and returns them (shutdown).
+// ReturnSlices gives back every quota slice this limiter holds (rate
+// units to their buckets, free budget to its window, free slots out of the
+// lease sets) and returns once the worker's call carrying them was
+// answered, or ctx ended. A drained data plane calls it (Handler.Drain):
+// slices held for requests that will not come would otherwise stay counted
+// until the scopes linger. Later requests carve anew. Without a running
+// worker (RunSlices) it does nothing.
+func (l *Limiter) ReturnSlices(ctx context.Context) error {
+	s := l.slices
+	if s == nil || !s.running.Load() {
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case s.flush <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// release revokes every slice and returns them (shutdown, ReturnSlices).
 func (s *slicer) release() {
 	s.mu.RLock()
 	for _, st := range s.m {
