@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
-	"github.com/sluicegw/sluice/dataplane"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
 
