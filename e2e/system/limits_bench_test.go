@@ -401,7 +401,7 @@ type llRig struct {
 	// two EVALSHA calls too, which the phases' accounting subtracts as
 	// the trickle's).
 	trickled, trickleUnavailable atomic.Int64
-	profiled bool // SLUICE_BENCH_CPUPROFILE was written
+	profiled                     bool // SLUICE_BENCH_CPUPROFILE was written
 	// redisIdle is redis-server's CPU per second of wall time with only
 	// the background running (the trickle, the data planes' idle calls),
 	// measured before the rounds: subtracted from each phase's Redis CPU
@@ -561,7 +561,8 @@ type llAuditResult struct {
 	// of the proxy's Redis pool seen during the audit: not per request.
 	connSetup map[string]int
 	// sweepScans counts the lease sweeper's scans of lease indexes (ZRANGE
-	// of <org>:leases, every quarter lease TTL): not per request.
+	// of <org>:leases and of the budget-lease index <org>:bhx, every
+	// quarter lease TTL): not per request.
 	sweepScans int
 	// admitToUpstream is the largest delay between a request's admission
 	// (Redis time) and its arrival at the upstream.
@@ -700,7 +701,7 @@ func (r *llRig) auditOn(tb testing.TB, n int, p *proxy, onTok string, sliced boo
 			res.connSetup[strings.Join(l.args[:min(2, len(l.args))], " ")]++
 			continue
 		}
-		if cmd == "zrange" && len(l.args) > 1 && strings.HasSuffix(l.args[1], "}:leases") {
+		if cmd == "zrange" && len(l.args) > 1 && (strings.HasSuffix(l.args[1], "}:leases") || strings.HasSuffix(l.args[1], "}:bhx")) {
 			res.sweepScans++
 			continue
 		}

@@ -1451,7 +1451,7 @@ func (st *sliceScope) addLocked(x slice) {
 // carveCall builds the carve.lua call of items (one org).
 func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 	kb := newKeyBuilder(s.lim.cfg.KeyPrefix, org)
-	keys := make([]string, 0, 1+2*len(items))
+	keys := make([]string, 0, 2+2*len(items))
 	keys = append(keys, kb.epoch())
 	th := s.lim.cfg.AlertThresholds
 	args := newArgv()
@@ -1510,6 +1510,7 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 			args.str(m)
 		}
 	}
+	keys = append(keys, kb.budgetLeaseIndex())
 	return scriptCall{keys: keys, args: args}
 }
 
