@@ -919,6 +919,11 @@ func (s *slicer) release() {
 		st.revokeBudgetLocked()
 		st.revokeParLocked()
 		st.usedR, st.usedT, st.rateR, st.rateT, st.usedB, st.rateB = 0, 0, 0, 0, 0, 0
+		// No demand left to carve for (ReturnSlices: the worker keeps
+		// running, and the recent demand would carve again at once): the
+		// scope lingers from now on until a request comes.
+		st.maxB, st.ppeak, st.pdemand = 0, 0, 0
+		st.lastUse, st.lastBud, st.lastPar = time.Time{}, time.Time{}, time.Time{}
 		st.mu.Unlock()
 	}
 	s.mu.RUnlock()

@@ -3,6 +3,7 @@ package limits
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -100,4 +101,40 @@ func TestSlicesDeadInstanceBudgetReclaimedWithoutCarve(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSlicesReturnSlices: ReturnSlices (a drained data plane's) gives
+// every slice back while the worker keeps running: afterwards Redis holds
+// exactly the real spend, no free slot and no rate unit beyond the ones
+// used.
+func TestSlicesReturnSlices(t *testing.T) {
+	f := newSliceFleet(t, 1, 6*time.Second, 100*time.Millisecond,
+		SliceConfig{MinBudgetMicros: 1000, MinParallel: 1, Tick: 10 * time.Millisecond}, true)
+	l := f.lims[0]
+	scopes := []Scope{{Kind: KindKey, ID: "k", RPM: 100_000, MaxParallel: 100, Budget: &Budget{CapMicros: 10_000_000, Window: "1d"}}}
+	var real int64
+	for i := range 300 {
+		d, err := l.Admit(context.Background(), Request{OrgID: f.b.org, RequestID: fmt.Sprintf("q%d", i), Scopes: scopes, MaxCostMicros: 1000})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		_, err = l.Settle(context.Background(), d.Lease, 0, 400)
+		require.NoError(t, err)
+		real += 400
+		if i%50 == 0 {
+			time.Sleep(20 * time.Millisecond) // let the worker carve
+		}
+	}
+	st := l.SliceStats()
+	require.Positive(t, st.Calls, "the worker carved")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	require.NoError(t, l.ReturnSlices(ctx))
+	// And they stay back: the worker, still running, does not carve
+	// again for the demand before the drain.
+	time.Sleep(100 * time.Millisecond)
+	s := f.b.state(t, scopes[0])
+	t.Logf("after ReturnSlices: spend %d µ$ (real %d), slices held %+v", s.Spend, real, l.SliceStats())
+	require.Equal(t, real, s.Spend, "Redis holds exactly the real spend")
+	require.Zero(t, f.b.rdb.ZCount(context.Background(), newKeyBuilder(f.b.prefix, f.b.org).scope(&scopes[0])[1],
+		strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Val(), "no slot left in the lease set")
 }
