@@ -379,6 +379,45 @@ func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
 	return err
 }
 
+// expired and mget are the sweeper's reads (sweepStore) of the wrapped
+// store. Without them a limiter with slices on could not sweep: every
+// data plane's sweeper failed with "the limits store cannot sweep", so a
+// killed proxy's requests were never swept and budget leases never
+// reclaimed by a sweeper.
+func (w liveStore) expired(ctx context.Context, keys []string, maxScore int64, limit int) ([][]string, []error) {
+	ss, ok := w.store.(sweepStore)
+	if !ok {
+		errs := make([]error, len(keys))
+		for i := range errs {
+			errs[i] = errors.New("the limits store cannot sweep")
+		}
+		return make([][]string, len(keys)), errs
+	}
+	sent := w.s.now()
+	v, errs := ss.expired(ctx, keys, maxScore, limit)
+	for _, err := range errs {
+		w.s.observe(sent, err)
+	}
+	return v, errs
+}
+
+func (w liveStore) mget(ctx context.Context, groups [][]string) ([][]string, []error) {
+	ss, ok := w.store.(sweepStore)
+	if !ok {
+		errs := make([]error, len(groups))
+		for i := range errs {
+			errs[i] = errors.New("the limits store cannot sweep")
+		}
+		return make([][]string, len(groups)), errs
+	}
+	sent := w.s.now()
+	v, errs := ss.mget(ctx, groups)
+	for _, err := range errs {
+		w.s.observe(sent, err)
+	}
+	return v, errs
+}
+
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	cfg.defaults()
 	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1),

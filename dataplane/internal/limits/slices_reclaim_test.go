@@ -138,3 +138,25 @@ func TestSlicesReturnSlices(t *testing.T) {
 	require.Zero(t, f.b.rdb.ZCount(context.Background(), newKeyBuilder(f.b.prefix, f.b.org).scope(&scopes[0])[1],
 		strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Val(), "no slot left in the lease set")
 }
+
+// TestSlicesLimiterSweeps: a limiter with slices on sweeps (its store,
+// wrapped to watch Redis's liveness, keeps the sweeper's reads). Before,
+// Sweep and ReclaimBudgetLeases failed with "the limits store cannot
+// sweep" on every data plane with slices, so a killed proxy's requests
+// were never swept.
+func TestSlicesLimiterSweeps(t *testing.T) {
+	b := setup(t, func(c *Config) { c.Slices = SliceConfig{Enabled: true}; c.LeaseTTL, c.RenewInterval = time.Second, 100*time.Millisecond })
+	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: 3}}
+	d, err := b.lim.Admit(context.Background(), Request{OrgID: b.org, RequestID: "lost", Scopes: scopes, Report: &Report{Tokens: 1}})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	var swept []Swept
+	require.Eventually(t, func() bool {
+		swept, err = b.lim.Sweep(context.Background(), []string{b.org}, 0)
+		require.NoError(t, err)
+		return len(swept) == 1
+	}, 5*time.Second, 50*time.Millisecond, "the lost request is swept")
+	require.Equal(t, "lost", swept[0].RequestID)
+	_, err = b.lim.ReclaimBudgetLeases(context.Background(), []string{b.org}, 0)
+	require.NoError(t, err)
+}
