@@ -145,7 +145,10 @@ func TestSlicesReturnSlices(t *testing.T) {
 // sweep" on every data plane with slices, so a killed proxy's requests
 // were never swept.
 func TestSlicesLimiterSweeps(t *testing.T) {
-	b := setup(t, func(c *Config) { c.Slices = SliceConfig{Enabled: true}; c.LeaseTTL, c.RenewInterval = time.Second, 100*time.Millisecond })
+	b := setup(t, func(c *Config) {
+		c.Slices = SliceConfig{Enabled: true}
+		c.LeaseTTL, c.RenewInterval = time.Second, 100*time.Millisecond
+	})
 	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: 3}}
 	d, err := b.lim.Admit(context.Background(), Request{OrgID: b.org, RequestID: "lost", Scopes: scopes, Report: &Report{Tokens: 1}})
 	require.NoError(t, err)
