@@ -282,11 +282,13 @@ type Config struct {
 	// RateFallbackLocal: what rpm/tpm-only requests get while Redis is
 	// unavailable. Budgets and concurrency always fail closed.
 	RateLimitFallback string
-	// LimitSlices turns on quota slices (docs/limits.md, "Quota slices"):
-	// hot scopes with large rpm/tpm, concurrency and budget limits are
-	// admitted from slices of the fleet-wide limits held by this data
-	// plane, without a Redis round trip. Off by default.
-	LimitSlices bool
+	// NoLimitSlices turns quota slices off (docs/limits.md, "Quota
+	// slices"): every limited request is then admitted exactly, with one
+	// Redis call. By default (false) hot scopes with large rpm/tpm,
+	// concurrency and budget limits are admitted from slices of the
+	// fleet-wide limits held by this data plane, without a Redis round
+	// trip, and smaller limits or scopes near their limit exactly.
+	NoLimitSlices bool
 	// DefaultMaxOutputTokens bounds the output of requests without
 	// max_tokens on deployments without max_output_tokens, for token
 	// estimates and budget reservations (default 4096).

@@ -61,8 +61,12 @@ func (d *DataPlane) Rejecting() *configv1.Rejecting { return d.sync.Rejecting() 
 func (d *DataPlane) Rejected() []*configv1.RejectedSnapshot { return d.sync.Rejected() }
 
 // Drain waits until every settlement the proxy queued has been written
-// (or ctx ends).
+// (or ctx ends), then gives back the quota slices the data plane holds.
 func (d *DataPlane) Drain(ctx context.Context) error { return d.proxy.Drain(ctx) }
+
+// DrainSettlements waits until no limits settlement is pending, keeping
+// the quota slices held (Drain also gives them back).
+func (d *DataPlane) DrainSettlements(ctx context.Context) error { return d.proxy.DrainSettlements(ctx) }
 
 // BodyReads is the number of request bodies being read right now.
 func (d *DataPlane) BodyReads() int64 { return d.proxy.BodyReads() }

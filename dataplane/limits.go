@@ -164,7 +164,7 @@ func limitsSetup(cfg *Config, seeds limits.SeedFunc) (*limits.Limiter, *rediscon
 	}
 	lc.KeyPrefix, lc.CallTimeout, lc.LeaseTTL = cfg.RedisKeyPrefix, cfg.LimitsCallTimeout, cfg.LeaseTTL
 	lc.Seeds, lc.SeedWait = seeds, cfg.BudgetSeedWait
-	lc.Slices.Enabled = cfg.LimitSlices
+	lc.Slices.Enabled = !cfg.NoLimitSlices
 	lim, err := limits.New(lc)
 	if err != nil {
 		_ = rdb.Close()

@@ -95,6 +95,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	proxyAddr := fs.String("proxy-addr", dataplane.DefaultAddr, "data-plane proxy listen address")
 	redisURL := fs.String("redis-url", dataplane.DefaultRedisURL, "limits store")
 	redisPrefix := fs.String("redis-key-prefix", devRedisKeyPrefix, "prefix of the data plane's limits keys")
+	slicesOn := fs.Bool("limit-slices", true, "quota slices, as for sluice proxy (--limit-slices=false: exact per-request admission only)")
 	natsPort := fs.Int("nats-port", devNATSPort, "port of the embedded NATS server (JetStream data under .sluice/nats)")
 	logFile := fs.String("log-file", "", "file for the planes' logs at --log-level; the terminal shows warnings and errors only. "+
 		`"-" logs everything to stderr (default: dev.log next to --state-file)`)
@@ -157,6 +158,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	dp, err := dataplane.New(gctx, dataplane.Config{
 		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
 		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log, RedisURL: *redisURL, RedisKeyPrefix: *redisPrefix,
+		NoLimitSlices: !*slicesOn,
 		SoleDataPlane: true, // the only data plane of the dev fleet
 	})
 	if err != nil {

@@ -74,8 +74,8 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		"life of a concurrency slot without renewal: how fast a killed proxy's slots come back")
 	fallback := fs.String("rate-limit-fallback", dataplane.RateFallbackClosed,
 		"rpm/tpm while Redis is unavailable: closed (503 limits_unavailable) or local (limit ÷ live data planes); budgets and concurrency always fail closed")
-	slicesOn := fs.Bool("limit-slices", false,
-		"quota slices: admit hot scopes with large rpm/tpm, concurrency and budget limits from slices of the fleet-wide limits this proxy holds, without a Redis round trip (docs/limits.md)")
+	slicesOn := fs.Bool("limit-slices", true,
+		"quota slices (--limit-slices=false: exact per-request admission only): admit hot scopes with large rpm/tpm, concurrency and budget limits from slices of the fleet-wide limits this proxy holds, without a Redis round trip (docs/limits.md)")
 	seedWait := fs.Duration("budget-seed-wait", dataplane.DefaultBudgetSeedWait,
 		"longest wait of a request while budgets the limits store does not hold (first use, or Redis lost its state) are re-seeded from the control plane's ledger; past it 503 limits_recovering")
 	readHeader := fs.Duration("read-header-timeout", dataplane.DefaultReadHeaderTimeout, "longest time a client may take to send a request's headers")
@@ -149,7 +149,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		HealthCheckUnhealthy: *hcUnhealthy, HealthCheckHealthy: *hcHealthy,
 		EngineMetricsInterval: *emInterval, NoEngineMetrics: *emInterval == 0, EngineMetricsMaxAge: *emMaxAge,
 		RedisURL: *redisURL, RedisClusterAddrs: clusterAddrs, RedisKeyPrefix: *redisPrefix,
-		LimitsCallTimeout: *callTimeout, LeaseTTL: *leaseTTL, RateLimitFallback: *fallback, LimitSlices: *slicesOn,
+		LimitsCallTimeout: *callTimeout, LeaseTTL: *leaseTTL, RateLimitFallback: *fallback, NoLimitSlices: !*slicesOn,
 		DefaultMaxOutputTokens: *defMaxOut, BudgetSeedWait: *seedWait,
 		ReadHeaderTimeout: *readHeader, IdleTimeout: *idle, BodyReadTimeout: *bodyTimeout,
 		MaxBodyReads: *bodyReads, MaxBodyReadsPerConn: *connReads, H2MaxConcurrentStreams: *h2Streams,

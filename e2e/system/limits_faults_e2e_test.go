@@ -116,7 +116,7 @@ func lfRedisFault(t *testing.T, fault string, sliced bool) {
 	var proxies []*proxy
 	for range 4 {
 		proxies = append(proxies, d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
-			c.RedisURL, c.LeaseTTL, c.LimitSlices = rs.url(), leaseTTL, sliced
+			c.RedisURL, c.LeaseTTL, c.NoLimitSlices = rs.url(), leaseTTL, !sliced
 		}))
 	}
 	org := lfOrg(t, d, "faults")

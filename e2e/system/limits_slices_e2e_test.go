@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
-	"github.com/sluicegw/sluice/dataplane"
 	adminv1 "github.com/sluicegw/sluice/proto/gen/sluice/admin/v1"
 )
 
@@ -38,7 +37,7 @@ func TestLimitsSlicesLimitLoweredFleetWide(t *testing.T) {
 	keyID, tok := lloadKey(t, d, ten, &adminv1.Limits{RpmLimit: proto.Int64(100_000), TpmLimit: proto.Int64(1e9)})
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitSlices = true }))
+		ps = append(ps, d.StartProxy("default", time.Minute)) // quota slices: the default
 	}
 	d.waitCaughtUp(t, 15*time.Second, ps...)
 	c := lloadClient(t)

@@ -330,6 +330,12 @@ func (h *Handler) sweepOnce(ctx context.Context) int {
 	for _, s := range swept {
 		h.swept(s)
 	}
+	// Budget leases of quota slices whose data plane is gone: reclaimed
+	// here too, for scopes no live data plane calls for any more.
+	if _, err := h.cfg.Limiter.ReclaimBudgetLeases(ctx, cat.OrgIDs(), sweepPerPass); err != nil {
+		h.sm.errors.Inc()
+		h.log.Warn("reclaiming expired budget leases failed; the next pass retries", "error", err)
+	}
 	return len(swept)
 }
 

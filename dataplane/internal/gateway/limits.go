@@ -778,11 +778,26 @@ func (h *Handler) alert(a limits.BudgetAlert, meta alertMeta) {
 	})
 }
 
-// Drain waits until no settlement is pending or ctx ends (Run must be
-// running).
-func (h *Handler) Drain(ctx context.Context) error {
+// DrainSettlements waits until no settlement is pending or ctx ends (Run
+// must be running); the quota slices stay held.
+func (h *Handler) DrainSettlements(ctx context.Context) error {
 	if h.settler == nil {
 		return nil
 	}
 	return h.settler.Drain(ctx)
+}
+
+// Drain waits until no settlement is pending or ctx ends (Run must be
+// running), then gives back the quota slices the limiter holds
+// (limits.Limiter.ReturnSlices): a drained data plane expects no more
+// requests, so its free slots, budget and rate units go back to the fleet
+// at once instead of when the scopes linger.
+func (h *Handler) Drain(ctx context.Context) error {
+	if err := h.DrainSettlements(ctx); err != nil {
+		return err
+	}
+	if h.cfg.Limiter == nil {
+		return nil
+	}
+	return h.cfg.Limiter.ReturnSlices(ctx)
 }

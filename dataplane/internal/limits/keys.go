@@ -47,6 +47,11 @@ func (k keyBuilder) record(requestID string) string { return k.base + "req:" + r
 // by lease expiry (ms).
 func (k keyBuilder) leaseIndex() string { return k.base + "leases" }
 
+// budgetLeaseIndex is the org's index of scopes holding budget leases of
+// quota slices: state hash key scored by its earliest lease expiry (ms),
+// so a sweeper reclaims expired leases no call of the scope reclaims.
+func (k keyBuilder) budgetLeaseIndex() string { return k.base + "bhx" }
+
 // scope returns the state and leases keys of s, in script order.
 func (k keyBuilder) scope(s *Scope) [keysPerScope]string {
 	tail := s.Kind + ":" + s.ID

@@ -21,6 +21,8 @@ var (
 	carveLua string
 	//go:embed lua/slicerec.lua
 	sliceRecLua string
+	//go:embed lua/reclaim.lua
+	reclaimLua string
 
 	admitScript  = newScript(commonLua + "\n" + admitLua)
 	renewScript  = newScript(commonLua + "\n" + renewLua)
@@ -30,4 +32,7 @@ var (
 	// sliceRecScript writes the record of a long request admitted from
 	// quota slices (slices.go).
 	sliceRecScript = newScript(commonLua + "\n" + sliceRecLua)
+	// reclaimScript reclaims expired budget leases of quota slices
+	// (sweep.go).
+	reclaimScript = newScript(commonLua + "\n" + reclaimLua)
 )

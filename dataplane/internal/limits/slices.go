@@ -273,6 +273,10 @@ type slicer struct {
 	wake     chan struct{}
 	tmu      sync.Mutex
 	lastTick time.Time
+	// running: RunSlices is running; flush asks it to give every slice
+	// back (ReturnSlices) and is closed-over done when it has.
+	running atomic.Bool
+	flush   chan chan struct{}
 }
 
 // kick asks the worker for an early tick: a request found no usable
@@ -375,9 +379,49 @@ func (w liveStore) setNX(ctx context.Context, key string, v int64) error {
 	return err
 }
 
+// expired and mget are the sweeper's reads (sweepStore) of the wrapped
+// store. Without them a limiter with slices on could not sweep: every
+// data plane's sweeper failed with "the limits store cannot sweep", so a
+// killed proxy's requests were never swept and budget leases never
+// reclaimed by a sweeper.
+func (w liveStore) expired(ctx context.Context, keys []string, maxScore int64, limit int) ([][]string, []error) {
+	ss, ok := w.store.(sweepStore)
+	if !ok {
+		errs := make([]error, len(keys))
+		for i := range errs {
+			errs[i] = errors.New("the limits store cannot sweep")
+		}
+		return make([][]string, len(keys)), errs
+	}
+	sent := w.s.now()
+	v, errs := ss.expired(ctx, keys, maxScore, limit)
+	for _, err := range errs {
+		w.s.observe(sent, err)
+	}
+	return v, errs
+}
+
+func (w liveStore) mget(ctx context.Context, groups [][]string) ([][]string, []error) {
+	ss, ok := w.store.(sweepStore)
+	if !ok {
+		errs := make([]error, len(groups))
+		for i := range errs {
+			errs[i] = errors.New("the limits store cannot sweep")
+		}
+		return make([][]string, len(groups)), errs
+	}
+	sent := w.s.now()
+	v, errs := ss.mget(ctx, groups)
+	for _, err := range errs {
+		w.s.observe(sent, err)
+	}
+	return v, errs
+}
+
 func newSlicer(l *Limiter, cfg SliceConfig) *slicer {
 	cfg.defaults()
-	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1)}
+	return &slicer{lim: l, cfg: cfg, m: map[sliceKey]*sliceScope{}, now: time.Now, wake: make(chan struct{}, 1),
+		flush: make(chan chan struct{})}
 }
 
 // rateOK reports whether a scope's rate limits may be sliced.
@@ -898,6 +942,8 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
+	s.running.Store(true)
+	defer s.running.Store(false)
 	t := time.NewTicker(s.cfg.Tick)
 	defer t.Stop()
 	hctx, stopBeat := context.WithCancel(ctx)
@@ -909,6 +955,13 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 		case <-ctx.Done():
 			s.release()
 			return nil
+		case done := <-s.flush:
+			s.release()
+			// Carves that were in flight when the slices were revoked
+			// are given back as they land (applyCarve): one more call
+			// sends what they queued.
+			s.release()
+			close(done)
 		case <-t.C:
 			s.tick(ctx, false)
 		case <-s.wake:
@@ -922,7 +975,33 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 	}
 }
 
-// release revokes every slice and returns them (shutdown).
+// ReturnSlices gives back every quota slice this limiter holds (rate
+// units to their buckets, free budget to its window, free slots out of the
+// lease sets) and returns once the worker's call carrying them was
+// answered, or ctx ended. A drained data plane calls it (Handler.Drain):
+// slices held for requests that will not come would otherwise stay counted
+// until the scopes linger. Later requests carve anew. Without a running
+// worker (RunSlices) it does nothing.
+func (l *Limiter) ReturnSlices(ctx context.Context) error {
+	s := l.slices
+	if s == nil || !s.running.Load() {
+		return nil
+	}
+	done := make(chan struct{})
+	select {
+	case s.flush <- done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// release revokes every slice and returns them (shutdown, ReturnSlices).
 func (s *slicer) release() {
 	s.mu.RLock()
 	for _, st := range s.m {
@@ -931,6 +1010,11 @@ func (s *slicer) release() {
 		st.revokeBudgetLocked()
 		st.revokeParLocked()
 		st.usedR, st.usedT, st.rateR, st.rateT, st.usedB, st.rateB = 0, 0, 0, 0, 0, 0
+		// No demand left to carve for (ReturnSlices: the worker keeps
+		// running, and the recent demand would carve again at once): the
+		// scope lingers from now on until a request comes.
+		st.maxB, st.ppeak, st.pdemand = 0, 0, 0
+		st.lastUse, st.lastBud, st.lastPar = time.Time{}, time.Time{}, time.Time{}
 		st.mu.Unlock()
 	}
 	s.mu.RUnlock()
@@ -1463,7 +1547,7 @@ func (st *sliceScope) addLocked(x slice) {
 // carveCall builds the carve.lua call of items (one org).
 func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 	kb := newKeyBuilder(s.lim.cfg.KeyPrefix, org)
-	keys := make([]string, 0, 1+2*len(items))
+	keys := make([]string, 0, 2+2*len(items))
 	keys = append(keys, kb.epoch())
 	th := s.lim.cfg.AlertThresholds
 	args := newArgv()
@@ -1522,6 +1606,7 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 			args.str(m)
 		}
 	}
+	keys = append(keys, kb.budgetLeaseIndex())
 	return scriptCall{keys: keys, args: args}
 }
 

@@ -190,6 +190,79 @@ func (l *Limiter) Sweep(ctx context.Context, orgIDs []string, limit int) ([]Swep
 	return out, sweepErr(errs)
 }
 
+// ReclaimBudgetLeases reclaims, in the given orgs, the budget leases of
+// quota slices that expired (their data plane died, or lost Redis for a
+// whole lease TTL): what each held above its watermark goes back to its
+// budget window, as the next carve or exact admission of the scope would
+// do (carve.lua, admit.lua), so a scope no live data plane calls for gets
+// it back too. A sweeper runs it with every pass: one pipelined ZRANGE
+// BYSCORE of the orgs' budget-lease indexes, then one reclaim.lua call per
+// org with expired leases (up to limit scopes each). It returns the
+// micro-USD reclaimed.
+func (l *Limiter) ReclaimBudgetLeases(ctx context.Context, orgIDs []string, limit int) (int64, error) {
+	ss, ok := l.store.(sweepStore)
+	if !ok {
+		return 0, fmt.Errorf("%w: the limits store cannot sweep", ErrInvalidRequest)
+	}
+	if limit <= 0 {
+		limit = DefaultSweepLimit
+	}
+	now := time.Now().UnixMilli()
+	var errs []error
+	var calls []scriptCall
+	var corgs []string
+	for start := 0; start < len(orgIDs); start += sweepScanChunk {
+		chunk := orgIDs[start:min(start+sweepScanChunk, len(orgIDs))]
+		orgs := make([]string, 0, len(chunk))
+		keys := make([]string, 0, len(chunk))
+		for _, o := range chunk {
+			if validTagPart(o) {
+				orgs = append(orgs, o)
+				keys = append(keys, newKeyBuilder(l.cfg.KeyPrefix, o).budgetLeaseIndex())
+			}
+		}
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(keys)/64))
+		hks, es := ss.expired(cctx, keys, now, limit)
+		cancel()
+		for i, org := range orgs {
+			if es[i] != nil {
+				errs = append(errs, fmt.Errorf("scan budget leases of org %s: %w", org, es[i]))
+				continue
+			}
+			base := newKeyBuilder(l.cfg.KeyPrefix, org).base + "lim:"
+			ck := []string{keys[i]}
+			for _, hk := range hks[i] {
+				if strings.HasPrefix(hk, base) { // only the org's scope states
+					ck = append(ck, hk)
+				}
+			}
+			if len(ck) == 1 {
+				continue
+			}
+			args := newArgv()
+			args.int(ms(l.cfg.LeaseTTL))
+			calls = append(calls, scriptCall{keys: ck, args: args})
+			corgs = append(corgs, org)
+		}
+	}
+	if len(calls) == 0 {
+		return 0, sweepErr(errs)
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
+	vals, verrs := l.store.evalBatch(cctx, reclaimScript, calls)
+	cancel()
+	var total int64
+	for i, c := range calls {
+		c.args.release()
+		if verrs[i] != nil {
+			errs = append(errs, fmt.Errorf("reclaim budget leases of org %s: %w", corgs[i], verrs[i]))
+		} else if len(vals[i]) > 0 {
+			total += vals[i][0]
+		}
+	}
+	return total, sweepErr(errs)
+}
+
 func sweepErr(errs []error) error {
 	if len(errs) == 0 {
 		return nil

@@ -99,8 +99,15 @@ local cache = {}
 local function scope(s)
   local c = cache[s]
   if not c then
-    local v = redis.call('HMGET', shkey(s), 'rt', 'ro', 'r' .. cur, 'kt', 'ko', 'k' .. cur, 'bw', 'bs', 'lx', 'pt')
+    local v = redis.call('HMGET', shkey(s), 'rt', 'ro', 'r' .. cur, 'kt', 'ko', 'k' .. cur, 'bw', 'bs', 'lx', 'pt', 'bh')
     c = { v = v, bw = v[7], bs = tonumber(v[8]), radd = 0, kadd = 0, leases = {}, set = {}, created = false }
+    if v[11] and c.bs then
+      -- Budget leases of quota slices that expired (a dead data plane's)
+      -- are reclaimed here too, as carve.lua does: a scope admitted
+      -- exactly gets its budget back without waiting for a carve.
+      local back, bh = bh_reclaim(v[11], c.bw, now)
+      if bh then c.bs, c.bh, c.bdirty = math.max(c.bs - back, 0), bh, true end
+    end
     cache[s] = c
   end
   return c
@@ -383,6 +390,10 @@ for s, c in pairs(cache) do
     set[#set + 1] = c.bw
     set[#set + 1] = 'bs'
     set[#set + 1] = c.bs
+  end
+  if c.bh then
+    set[#set + 1] = 'bh'
+    set[#set + 1] = c.bh
   end
   if c.pdirty then
     set[#set + 1] = 'pt'

@@ -40,7 +40,9 @@
 -- (admit.lua).
 --
 -- KEYS: 1 the org's epoch; then per item i: 2i the scope's state hash,
---   2i+1 its lease set (common.lua).
+--   2i+1 its lease set (common.lua); last (2n+2) the org's budget-lease
+--   index (scope state hash -> earliest expiry of its budget leases, so a
+--   sweeper finds expired ones: reclaim.lua).
 -- ARGV:
 --   1 rate window ms   2 bucket ms   3 number of items n
 --   4 reserve (per mille of the limit never carved)
@@ -86,26 +88,7 @@ local cur = math.floor(now / bms)
 local now_s = math.floor(now / 1000)
 local rate_ttl = window_ms + 3 * bms
 
--- bh_parse reads the budget leases of window id from a 'bh' field.
-local function bh_parse(s, id)
-  local t = {}
-  if not s then return t end
-  local p = string.find(s, '|', 1, true)
-  if not p or string.sub(s, 1, p - 1) ~= id then return t end
-  for inst, g, b, e in string.gmatch(string.sub(s, p + 1), '([^ |]+) (%-?%d+) (%-?%d+) (%d+)') do
-    t[inst] = { tonumber(g), tonumber(b), tonumber(e) }
-  end
-  return t
-end
-
-local function bh_format(id, t)
-  local parts = { id }
-  for inst, h in pairs(t) do
-    parts[#parts + 1] = string.format('%s %d %d %d', inst, h[1], h[2], h[3])
-  end
-  return table.concat(parts, '|')
-end
-
+local bhx = KEYS[2 * n + 2]
 local epoch = ensure_epoch(now)
 local quarantined = epoch + quarantine > now
 local out = { epoch }
@@ -280,6 +263,7 @@ for i = 1, n do
       if hchanged and held then
         set[#set + 1] = 'bh'
         set[#set + 1] = bh_format(held, hs)
+        bh_index(bhx, hk, hs, lease_ttl)
       end
       if grew and held == id then
         if cap > 0 then

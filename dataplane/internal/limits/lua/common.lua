@@ -383,3 +383,63 @@ local function prefill_set(hk, rid, v, lease_ttl)
   end
   return pt
 end
+
+-- Budget leases of quota slices (carve.lua; docs/limits.md, "Budget
+-- leases"): the field 'bh' of a scope's state hash holds, for the budget
+-- window it names, one entry per data plane: "<instance> g b expiry", g what
+-- its slices put in the spend and did not give back, b its watermark.
+-- bh_parse reads the entries of window id from a 'bh' value.
+local function bh_parse(s, id)
+  local t = {}
+  if not s then return t end
+  local p = string.find(s, '|', 1, true)
+  if not p or string.sub(s, 1, p - 1) ~= id then return t end
+  for inst, g, b, e in string.gmatch(string.sub(s, p + 1), '([^ |]+) (%-?%d+) (%-?%d+) (%d+)') do
+    t[inst] = { tonumber(g), tonumber(b), tonumber(e) }
+  end
+  return t
+end
+
+local function bh_format(id, t)
+  local parts = { id }
+  for inst, h in pairs(t) do
+    parts[#parts + 1] = string.format('%s %d %d %d', inst, h[1], h[2], h[3])
+  end
+  return table.concat(parts, '|')
+end
+
+-- bh_index records in the org's budget-lease index (a sorted set) when
+-- the first of scope hk's leases hs expires, or drops hk when it holds
+-- none: the sweeper reclaims from it what no call of the scope does.
+local function bh_index(ix, hk, hs, lease_ttl)
+  local first = nil
+  for _, h in pairs(hs) do
+    if first == nil or h[3] < first then first = h[3] end
+  end
+  if first then
+    redis.call('ZADD', ix, first, hk)
+    redis.call('PEXPIRE', ix, 3 * lease_ttl)
+  else
+    redis.call('ZREM', ix, hk)
+  end
+end
+
+-- bh_reclaim reclaims the expired budget leases of a 'bh' value raw for
+-- the window held, as of now: an expired entry's g - b goes back to the
+-- window (b stays spent: the data plane may have spent that much without
+-- Redis hearing of it). Returns the micro-USD to take off the spend, the
+-- new 'bh' value (nil: unchanged) and the live entries.
+local function bh_reclaim(raw, held, now)
+  if not raw or not held then return 0, nil, nil end
+  local hs = bh_parse(raw, held)
+  local back, changed = 0, false
+  for inst, h in pairs(hs) do
+    if h[3] <= now then
+      back = back + math.max(h[1] - h[2], 0)
+      hs[inst] = nil
+      changed = true
+    end
+  end
+  if not changed then return 0, nil, hs end
+  return back, bh_format(held, hs), hs
+end
