@@ -26,7 +26,7 @@ import (
 // Issue 15's must-shows for quota slices through real data planes (the
 // limiter's own tests, TestSlices* in dataplane/internal/limits, show the
 // same in process). Every data plane here runs with slices set explicitly
-// on (Config.LimitSlices, --limit-slices), whatever the default is.
+// on (Config.NoLimitSlices false, --limit-slices), whatever the default is.
 
 // slLeases reads a scope's lease set in the machine's Redis: the live
 // members (score = expiry ms > now) that are quota-slice members
@@ -85,7 +85,7 @@ func TestLimitsSlicesParallelAcrossThresholdNeverOverAdmits(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxParallelRequests: proto.Int64(capN)})
 	var ps []*proxy
 	for range 3 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitSlices = true }))
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false }))
 	}
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, ps, tok, "warm")
@@ -196,7 +196,7 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxParallelRequests: proto.Int64(200)})
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitSlices = true }))
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false }))
 	}
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, ps, tok, "warm")
@@ -300,7 +300,7 @@ func TestLimitsSlicesProxySIGKILLSlotsExpireWithLease(t *testing.T) {
 	org := lfOrg(t, d, "slsigkill")
 	team := lfTeam(t, d, org, "team", nil)
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxParallelRequests: proto.Int64(capN)})
-	in := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitSlices = true })
+	in := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false })
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, []*proxy{in}, tok, "poll")
 	leases := newSLLeases(t, d, org, keyID)
@@ -417,7 +417,7 @@ func TestLimitsSlicesBlockWithinBound(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{RpmLimit: proto.Int64(100_000), TpmLimit: proto.Int64(1e9)})
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LimitSlices = true }))
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false }))
 	}
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, ps, tok, "warm")
