@@ -11,7 +11,8 @@ import (
 // The shared renewal tick (issue 15). Every live request's leases are
 // renewed every renew interval; instead of a timer per request, one
 // goroutine per handler ticks every quarter renew interval and renews,
-// in one batch (limits.RenewBatch: one pipelined round trip), every
+// in one batch (limits.RenewBatch: one renew.lua call per org, the orgs'
+// calls in one pipelined round trip), every
 // request due within half a tick. A request is thus renewed every
 // interval ± an eighth of it, never later than the abort rule allows (a
 // request whose renewals all failed for LeaseTTL − RenewInterval is

@@ -419,6 +419,9 @@ type Config struct {
 	// rateWindow and rateBucket override the sliding window in tests.
 	rateWindow time.Duration
 	rateBucket time.Duration
+	// renewUnbatched makes every renewal of RenewBatch a call of its own
+	// (benchmarks: what folding renewals saves).
+	renewUnbatched bool
 	// admitUnbatched makes every admission a call of its own (benchmarks
 	// compare it with batching).
 	admitUnbatched bool
@@ -860,38 +863,82 @@ func (l *Limiter) Renew(ctx context.Context, lease *Lease) (RenewState, error) {
 	if err != nil {
 		return 0, err
 	}
-	return renewState(vals)
+	st, err := renewStates(vals, 1)
+	if err != nil {
+		return 0, err
+	}
+	return st[0], nil
 }
 
-// renewCall builds the renew.lua call of lease.
-func (l *Limiter) renewCall(lease *Lease) scriptCall {
+// maxRenewGroup bounds the requests renewed by one script call.
+const maxRenewGroup = 64
+
+// renewCall builds the renew.lua call of leases (one org): their records,
+// then each distinct scope's keys once, then the org's lease index when a
+// request of the batch is in it.
+func (l *Limiter) renewCall(leases ...*Lease) scriptCall {
+	first := leases[0]
+	keys := make([]string, 0, 2+len(leases)+keysPerScope*len(first.scopes))
+	keys = append(keys, first.keys[0])
+	indexed := false
+	for _, lease := range leases {
+		keys = append(keys, lease.keys[1])
+		indexed = indexed || lease.sweep != nil
+	}
 	args := newArgv()
-	args.str(lease.requestID)
-	args.int(lease.est)
-	args.int(lease.reserved)
 	args.int(ms(l.cfg.LeaseTTL))
 	args.int(ms(l.cfg.RecordTTL))
 	args.int(ms(l.cfg.rateWindow))
 	args.int(ms(l.cfg.rateBucket))
-	args.int(int64(len(lease.scopes)))
-	for _, s := range lease.scopes {
-		args.bool(s.TPM > 0)
-		args.bool(s.MaxParallel > 0)
-		budgetArgs(args, s.Budget, false)
+	args.int(int64(len(leases)))
+	var distinct map[string]int
+	if len(leases) > 1 {
+		distinct = make(map[string]int, len(first.scopes))
 	}
-	args.bool(lease.sweep != nil)
-	lease.sweep.appendNote(args)
-	args.int(int64(lease.prefillScope))
-	args.int(lease.prefill.Load())
-	return scriptCall{keys: lease.keys, args: args}
+	for _, lease := range leases {
+		args.str(lease.requestID)
+		args.int(lease.est)
+		args.int(lease.reserved)
+		args.bool(lease.sweep != nil)
+		lease.sweep.appendNote(args)
+		args.int(int64(lease.prefillScope))
+		args.int(lease.prefill.Load())
+		args.int(int64(len(lease.scopes)))
+		for j, s := range lease.scopes {
+			hk := lease.keys[2+keysPerScope*j]
+			d, ok := distinct[hk]
+			if !ok {
+				keys = append(keys, hk, lease.keys[3+keysPerScope*j])
+				d = (len(keys) - 1 - len(leases)) / keysPerScope
+				if distinct != nil {
+					distinct[hk] = d
+				}
+			}
+			args.int(int64(d))
+			args.bool(s.TPM > 0)
+			args.bool(s.MaxParallel > 0)
+			budgetArgs(args, s.Budget, false)
+		}
+	}
+	if indexed {
+		keys = append(keys, first.keys[len(first.keys)-1])
+	}
+	return scriptCall{keys: keys, args: args}
 }
 
-// renewState maps renew.lua's result.
-func renewState(vals []int64) (RenewState, error) {
-	if len(vals) != 2 || vals[0] < 0 || vals[0] > 3 {
-		return 0, fmt.Errorf("%w: renew returned %v", ErrUnavailable, vals)
+// renewStates maps renew.lua's result for n requests.
+func renewStates(vals []int64, n int) ([]RenewState, error) {
+	if len(vals) != 1+n {
+		return nil, fmt.Errorf("%w: renew returned %d values for %d requests", ErrUnavailable, len(vals), n)
 	}
-	return RenewState(vals[0]), nil
+	out := make([]RenewState, n)
+	for i, v := range vals[1:] {
+		if v < 0 || v > 3 {
+			return nil, fmt.Errorf("%w: renew returned state %d", ErrUnavailable, v)
+		}
+		out[i] = RenewState(v)
+	}
+	return out, nil
 }
 
 // RenewItem is one renewal of a batch: a lease, and the report that
@@ -902,14 +949,18 @@ type RenewItem struct {
 }
 
 // RenewBatch renews several leases (as Renew, or RenewReport for items
-// with a Report): the plain renewals in one pipelined round trip, the
+// with a Report): the plain renewals of one org in one renew.lua call (up
+// to maxRenewGroup; the leases of a scope they share are pushed with one
+// ZADD), the calls of several orgs pipelined in one round trip; the
 // others (quota slices' local parts, prefill accounting) as Renew does.
 // Results and errors are per item.
 func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewState, []error) {
 	states := make([]RenewState, len(items))
 	errs := make([]error, len(items))
-	var calls []scriptCall
-	var idx []int
+	// Groups of plain renewals by org (their epoch key), in order of first
+	// appearance: one renew.lua call each.
+	var groups [][]int
+	byOrg := map[string]int{}
 	var wg sync.WaitGroup
 	for i, it := range items {
 		lease := it.Lease
@@ -928,22 +979,45 @@ func (l *Limiter) RenewBatch(ctx context.Context, items []RenewItem) ([]RenewSta
 		case !lease.needs:
 			states[i] = RenewExtended
 		default:
-			calls = append(calls, l.renewCall(lease))
-			idx = append(idx, i)
+			g, ok := byOrg[lease.keys[0]]
+			if !ok || len(groups[g]) == maxRenewGroup || l.cfg.renewUnbatched {
+				g = len(groups)
+				groups = append(groups, nil)
+				byOrg[lease.keys[0]] = g
+			}
+			groups[g] = append(groups[g], i)
 		}
 	}
-	if len(calls) > 0 {
+	if len(groups) > 0 {
+		calls := make([]scriptCall, len(groups))
+		n := 0
+		leases := make([]*Lease, 0, maxRenewGroup)
+		for g, idx := range groups {
+			leases = leases[:0]
+			for _, i := range idx {
+				leases = append(leases, items[i].Lease)
+			}
+			calls[g] = l.renewCall(leases...)
+			n += len(idx)
+		}
 		// One call timeout per 16 renewals, as for settlements.
-		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+len(calls)/16))
+		cctx, cancel := context.WithTimeout(ctx, l.cfg.CallTimeout*time.Duration(1+n/16))
 		vals, verrs := l.store.evalBatch(cctx, renewScript, calls)
 		cancel()
-		for k, i := range idx {
-			calls[k].args.release()
-			if verrs[k] != nil {
-				errs[i] = fmt.Errorf("limits renew: %w: %w", ErrUnavailable, verrs[k])
-				continue
+		for g, idx := range groups {
+			calls[g].args.release()
+			err := verrs[g]
+			var st []RenewState
+			if err == nil {
+				st, err = renewStates(vals[g], len(idx))
 			}
-			states[i], errs[i] = renewState(vals[k])
+			for k, i := range idx {
+				if err != nil {
+					errs[i] = fmt.Errorf("limits renew: %w: %w", ErrUnavailable, err)
+					continue
+				}
+				states[i] = st[k]
+			}
 		}
 	}
 	wg.Wait()

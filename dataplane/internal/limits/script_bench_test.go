@@ -226,3 +226,70 @@ func BenchmarkScriptsConcurrent(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkScriptsRenew measures what renewals cost Redis: 32 live
+// sweepable requests of one org, limited at key, team and org level (every
+// limit), renewed together by RenewBatch as the shared renewal tick does,
+// each with a new report. batched folds them into one renew.lua call;
+// unbatched makes one call per request (pipelined), as before renewals
+// were folded. Reported per renewal.
+//
+//	go test -run '^$' -bench BenchmarkScriptsRenew -benchtime 500x ./dataplane/internal/limits/
+func BenchmarkScriptsRenew(b *testing.B) {
+	for _, c := range []struct {
+		name      string
+		unbatched bool
+	}{{"batched", false}, {"unbatched", true}} {
+		b.Run(c.name, func(b *testing.B) {
+			bd := setupAt(b, startBenchRedis(b), func(cfg *Config) {
+				cfg.rateWindow, cfg.rateBucket = 600*time.Millisecond, 10*time.Millisecond
+				cfg.renewUnbatched = c.unbatched
+			})
+			ctx := context.Background()
+			bud := func() *Budget { return &Budget{CapMicros: 1e12, Window: "30d"} }
+			scopes := []Scope{
+				{Kind: KindKey, ID: "k", RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+				{Kind: KindTeam, ID: "t", RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+				{Kind: KindOrg, ID: bd.org, RPM: 1e9, TPM: 1e12, MaxParallel: 1e6, Budget: bud()},
+			}
+			const live = 32
+			items := make([]RenewItem, live)
+			for i := range items {
+				req := bd.req(fmt.Sprint("r", i), 100, 1000, scopes...)
+				rep := benchReport
+				req.Report = &rep
+				d := bd.admit(b, req)
+				require.True(b, d.Allowed)
+				items[i] = RenewItem{Lease: d.Lease}
+			}
+			renew := func(n int) {
+				for i := range items {
+					rep := benchReport
+					rep.Tokens += int64(n)
+					items[i].Report = &rep
+				}
+				states, errs := bd.lim.RenewBatch(ctx, items)
+				for i := range items {
+					if errs[i] != nil || states[i] != RenewExtended {
+						b.Fatalf("renew %d: %v %v", i, states[i], errs[i])
+					}
+				}
+			}
+			for i := range 20 {
+				renew(i) // warm up: the script loaded
+			}
+			c0, u0 := evalshaStats(b, bd)
+			cpu0 := redisCPU(b, bd)
+			b.ResetTimer()
+			for i := range b.N {
+				renew(i)
+			}
+			b.StopTimer()
+			c1, u1 := evalshaStats(b, bd)
+			n := float64(b.N * live)
+			b.ReportMetric(float64(redisCPU(b, bd)-cpu0)/n, "redis_cpu_us/renewal")
+			b.ReportMetric(float64(u1-u0)/n, "redis_us/renewal")
+			b.ReportMetric(float64(c1-c0)/n, "evalsha/renewal")
+		})
+	}
+}
