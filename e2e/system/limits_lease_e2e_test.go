@@ -107,7 +107,15 @@ func TestLimitsProxySIGKILLSettlesStreams(t *testing.T) {
 		addr := "127.0.0.1:" + strconv.Itoa(lfFreePort(t))
 		logs := &lfLogBuf{}
 		cmd := exec.Command(bin, "proxy", "--addr", addr, "--region", "default", "--nats-url", d.NATS.URL,
-			"--redis-url", d.RedisURL, "--redis-key-prefix", d.RedisPrefix, "--lease-ttl", leaseTTL.String())
+			"--redis-url", d.RedisURL, "--redis-key-prefix", d.RedisPrefix, "--lease-ttl", leaseTTL.String(),
+			// Exact mode: this test asserts exact admission's per-request
+			// records and reservations (each stream's record written at
+			// admission, its reservation back to the micro-dollar). A sliced
+			// request writes its record half a renew interval after it is
+			// born and reserves from its proxy's budget slice, whose
+			// watermark stays charged when the proxy dies (docs/limits.md,
+			// "Quota slices").
+			"--limit-slices=false")
 		cmd.Env = lfEnv("SLUICE_KEY_PEPPER="+testPepper, "SLUICE_KEK="+testKEK)
 		cmd.Stdout, cmd.Stderr = logs, logs
 		require.NoError(t, cmd.Start())
