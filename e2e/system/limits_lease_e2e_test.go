@@ -98,8 +98,10 @@ func TestLimitsProxySIGKILLSettlesStreams(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxBudget: proto.Float64(100), BudgetDuration: "1d",
 		MaxParallelRequests: proto.Int64(20), TpmLimit: proto.Int64(10_000_000)})
 	// The sweeping data plane (in process) runs with the same lease TTL,
-	// hence the same sweep interval.
-	in := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LeaseTTL = leaseTTL })
+	// hence the same sweep interval. Exact mode too: a sliced data plane
+	// carves and returns budget slices of this key, which would move the
+	// budget counter this test reads.
+	in := d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.LeaseTTL, c.NoLimitSlices = leaseTTL, true })
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, []*proxy{in}, tok, "poll")
 
