@@ -403,43 +403,79 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 		s.reject(ptr.GetVersion(), "invalid snapshot: "+err.Error())
 		return false, nil
 	}
-	// Catch up to where the running catalog is before swapping, so that a
-	// block applied from the stream is never lifted by an older snapshot,
-	// even for a moment. A newer snapshot that holds every event applied
-	// here (events_seq not below the running one's) needs none: the
-	// events after its position are skipped as held when the consumer
-	// reads them again. That is also what keeps a data plane following
-	// when the stream itself went back (NATS restored from a backup): the
-	// region's events continue after the snapshot's position, not after
-	// this data plane's.
-	if cur != nil && cur.RegionSeq > next.RegionSeq && (ptr.GetRollback() || next.EventsSeq < cur.EventsSeq) {
-		if next, err = s.catchUp(ctx, next, cur.RegionSeq); err != nil {
-			return false, err
-		}
-	}
 	if cur == nil && s.cfg.BeforeFirst != nil {
 		s.cfg.BeforeFirst(next)
 	}
-	if cur == nil {
-		// Orgs and deployments created shortly before this data plane's
-		// first snapshot: their epochs are missing because they are new,
-		// not because Redis lost their state.
-		s.firstCreated(next)
-	} else {
-		// Orgs and deployments whose creation this data plane learns from
-		// the snapshot rather than an event (after a gap, or the first
-		// snapshot of a distribution epoch).
-		s.snapshotCreated(cur, next)
+	if next, err = s.install(ctx, ptr.GetRollback(), next, cur); err != nil {
+		return false, err
 	}
-	s.writeMu.Lock()
-	s.gen++
-	s.cat.Store(next)
-	s.writeMu.Unlock()
 	s.snapshotsApplied.Add(1)
 	s.accepted()
 	s.log.Info("snapshot applied", "version", next.Version, "events_seq", next.EventsSeq, "region_seq", next.RegionSeq,
 		"rollback", ptr.GetRollback(), "size_bytes", len(body), "duration_ms", time.Since(start).Milliseconds())
 	return true, nil
+}
+
+// install swaps next in for the running catalog; seen is the running
+// catalog load compared next with (nil before the first snapshot).
+//
+// Before the swap next is caught up to the stream position the running
+// catalog has applied, so that a block or revocation applied from the
+// stream is never lifted by an older snapshot, even for a moment. A newer
+// snapshot that holds every event applied here (events_seq not below the
+// running one's) needs none: the events after its position are skipped as
+// held when the consumer reads them again. That is also what keeps a data
+// plane following when the stream itself went back (NATS restored from a
+// backup): the region's events continue after the snapshot's position,
+// not after this data plane's.
+//
+// The event consumer keeps applying events to the running catalog while a
+// snapshot is fetched, decoded and caught up: a snapshot compiled just
+// before a revocation committed, whose pointer the leader wrote just
+// before appending the revocation, is loaded while the consumer applies
+// it. So the swap happens under writeMu and only if the running catalog
+// is still seen; otherwise next is caught up to the catalog now running
+// and checked again, the retry holding writeMu so that the consumer
+// waits and the loop ends.
+func (s *Syncer) install(ctx context.Context, rollback bool, next, seen *catalog.Catalog) (*catalog.Catalog, error) {
+	locked := false
+	defer func() {
+		if locked {
+			s.writeMu.Unlock()
+		}
+	}()
+	for {
+		if seen != nil && seen.RegionSeq > next.RegionSeq && (rollback || next.EventsSeq < seen.EventsSeq) {
+			var err error
+			if next, err = s.catchUp(ctx, next, seen.RegionSeq); err != nil {
+				return nil, err
+			}
+		}
+		if !locked {
+			s.writeMu.Lock()
+			locked = true
+		}
+		if cur := s.cat.Load(); cur != seen {
+			s.log.Info("events applied while a snapshot loaded; catching it up again", "version", next.Version,
+				"region_seq", next.RegionSeq, "running_region_seq", cur.RegionSeq)
+			seen = cur
+			continue
+		}
+		if seen == nil {
+			// Orgs and deployments created shortly before this data plane's
+			// first snapshot: their epochs are missing because they are new,
+			// not because Redis lost their state.
+			s.firstCreated(next)
+		} else {
+			// Orgs and deployments whose creation this data plane learns
+			// from the snapshot rather than an event (after a gap, or the
+			// first snapshot of a distribution epoch).
+			s.snapshotCreated(seen, next)
+		}
+		s.gen++
+		s.cat.Store(next)
+		return next, nil
+	}
 }
 
 // catchUp applies the region's events after c up to regionSeq.
@@ -582,18 +618,10 @@ func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 		if err := proto.Unmarshal(msg.Data(), re); err != nil {
 			return fmt.Errorf("undecodable region event at stream seq %d: %w", streamSeq(msg), err)
 		}
-		s.writeMu.Lock()
-		if gen != s.gen {
-			s.writeMu.Unlock()
+		applied, err := s.apply(gen, re)
+		if err == nil && !applied {
 			return nil // a newer snapshot took over
 		}
-		prev := s.cat.Load()
-		n, err := s.step(prev, re)
-		if err == nil {
-			s.created(prev, re.GetEvent())
-			s.cat.Store(n)
-		}
-		s.writeMu.Unlock()
 		if err != nil {
 			s.log.Warn("resync needed", "error", err)
 			if errors.Is(err, errGap) {
@@ -602,6 +630,25 @@ func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 			return err
 		}
 	}
+}
+
+// apply applies re to the running catalog for the consumer of generation
+// gen. It reports false, applying nothing, when a newer snapshot took over
+// (the consumer stops).
+func (s *Syncer) apply(gen uint64, re *configv1.RegionEvent) (bool, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if gen != s.gen {
+		return false, nil
+	}
+	prev := s.cat.Load()
+	n, err := s.step(prev, re)
+	if err != nil {
+		return false, err
+	}
+	s.created(prev, re.GetEvent())
+	s.cat.Store(n)
+	return true, nil
 }
 
 // requestSnapshot asks the control plane for a fresh snapshot of the
