@@ -34,7 +34,11 @@ const (
 	// current snapshot before it reports itself unready.
 	DefaultMaxRejecting = 30 * time.Second
 	catchUpTimeout      = 5 * time.Second
-	maxRejected         = 10
+	// installAttempts bounds how often a snapshot is caught up to events
+	// the consumer applied while it loaded before the consumer is held
+	// back for the last catch-up.
+	installAttempts = 3
+	maxRejected     = 10
 )
 
 // Config configures a Syncer.
@@ -435,8 +439,9 @@ func (s *Syncer) load(ctx context.Context, ptr *configv1.SnapshotPointer) (bool,
 // before appending the revocation, is loaded while the consumer applies
 // it. So the swap happens under writeMu and only if the running catalog
 // is still seen; otherwise next is caught up to the catalog now running
-// and checked again, the retry holding writeMu so that the consumer
-// waits and the loop ends.
+// and checked again. Catching up does not hold writeMu (the consumer keeps
+// applying new blocks meanwhile) except on the last of installAttempts,
+// where the consumer waits so that the loop ends.
 func (s *Syncer) install(ctx context.Context, rollback bool, next, seen *catalog.Catalog) (*catalog.Catalog, error) {
 	locked := false
 	defer func() {
@@ -444,7 +449,7 @@ func (s *Syncer) install(ctx context.Context, rollback bool, next, seen *catalog
 			s.writeMu.Unlock()
 		}
 	}()
-	for {
+	for attempt := 1; ; attempt++ {
 		if seen != nil && seen.RegionSeq > next.RegionSeq && (rollback || next.EventsSeq < seen.EventsSeq) {
 			var err error
 			if next, err = s.catchUp(ctx, next, seen.RegionSeq); err != nil {
@@ -459,6 +464,10 @@ func (s *Syncer) install(ctx context.Context, rollback bool, next, seen *catalog
 			s.log.Info("events applied while a snapshot loaded; catching it up again", "version", next.Version,
 				"region_seq", next.RegionSeq, "running_region_seq", cur.RegionSeq)
 			seen = cur
+			if attempt < installAttempts {
+				s.writeMu.Unlock()
+				locked = false
+			}
 			continue
 		}
 		if seen == nil {
