@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,7 +39,8 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 	var wait time.Duration // shortest retry-after of a deployment at its cap
 	recovering := false    // a deployment's lease count is in quarantine
 	maxAttempts := x.maxAttempts()
-	for x.attempts < maxAttempts {
+	holdCuts := 0 // attempts cut within their stream hold (given back, bounded)
+	for x.attempts < maxAttempts+min(holdCuts, HoldCutGrace) {
 		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
 			h.m.retryRefusals.WithLabelValues(x.group).Inc()
 			return pushback(last)
@@ -47,6 +50,11 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 			// the list was made (this request's failures among them): a
 			// retry goes to one healthy now.
 			restand(cands[next:], time.Now())
+			if x.attempts+1 >= maxAttempts+min(holdCuts, HoldCutGrace) {
+				// The last attempt the budget allows goes to a deployment
+				// proven by a clean stream when there is one.
+				preferProven(cands[next:])
+			}
 		}
 		var c *candidate
 		// A first attempt queues behind waiting requests of its class or a
@@ -92,6 +100,9 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		if !out.Retry {
 			return out.Err
+		}
+		if out.HoldCut {
+			holdCuts++
 		}
 		last = out.Err
 	}
@@ -232,6 +243,42 @@ func (x *exchange) attemptOutcome(out forward.Outcome) string {
 		return "retryable"
 	}
 	return "failed"
+}
+
+// HoldCutGrace bounds the attempts a request gets back for its attempts
+// whose held stream (a half-open probe's, or one on stream probation) was
+// cut within the hold (forward.Outcome.HoldCut): each such attempt adds
+// one to the request's attempt budget, at most HoldCutGrace in all. The
+// hold exists so that such a cut is retried instead of reaching the
+// client; counted as an ordinary attempt it would take the attempt a
+// healthy deployment needed (a cutter on probation, a 503 and a 429
+// before the healthy one). Every retry still takes from the model
+// group's retry budget, and the total deadline is the same: the grace
+// adds at most HoldCutGrace attempts to one request and nothing to the
+// pool's retry ratio (docs/resilience.md, "One attempt budget per
+// request").
+const HoldCutGrace = 2
+
+// preferProven moves the healthy candidates proven by a clean stream
+// (upstream.Probation, with the stream probation on) ahead of the other
+// candidates of the best rank, each part in its order (byStanding's
+// order is kept otherwise): the request's last attempt goes where a
+// stream was last seen to end cleanly rather than to a deployment still
+// unproven, which may be the cutter whose cut is why the request is
+// retrying. A first attempt is never reordered this way (an unproven
+// deployment is proven by its first attempts).
+func preferProven(cands []candidate) {
+	slices.SortStableFunc(cands, func(a, b candidate) int {
+		return cmp.Compare(provenRank(a), provenRank(b))
+	})
+}
+
+func provenRank(c candidate) int {
+	r := 2 * c.standing.Rank()
+	if c.standing != upstream.Healthy || !c.st.Health.Probation.Proven() {
+		r++
+	}
+	return r
 }
 
 // restand refreshes the standing of untried candidates from their health
