@@ -39,11 +39,17 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 	var wait time.Duration // shortest retry-after of a deployment at its cap
 	recovering := false    // a deployment's lease count is in quarantine
 	maxAttempts := x.maxAttempts()
-	holdCuts := 0 // attempts cut within their stream hold (given back, bounded)
+	holdCuts := 0     // attempts cut within their stream hold (given back, bounded)
+	lastHeld := false // the last attempt was cut within its hold
 	for x.attempts < maxAttempts+min(holdCuts, HoldCutGrace) {
 		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
-			h.m.retryRefusals.WithLabelValues(x.group).Inc()
-			return pushback(last)
+			// A held cut's retry the budget refused may take one of the
+			// held cuts' own allowance (its minimum a window).
+			if !lastHeld || !h.holdCutBudget.TryRetry(x.group, time.Now()) {
+				h.m.retryRefusals.WithLabelValues(x.group).Inc()
+				return pushback(last)
+			}
+			h.m.holdCutRetries.WithLabelValues(x.group).Inc()
 		}
 		if x.attempts > 0 {
 			// The health of the untried candidates may have changed since
@@ -101,7 +107,7 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		if !out.Retry {
 			return out.Err
 		}
-		if out.HoldCut {
+		if lastHeld = out.HoldCut; lastHeld {
 			holdCuts++
 		}
 		last = out.Err
@@ -254,9 +260,13 @@ func (x *exchange) attemptOutcome(out forward.Outcome) string {
 // healthy deployment needed (a cutter on probation, a 503 and a 429
 // before the healthy one). Every retry still takes from the model
 // group's retry budget, and the total deadline is the same: the grace
-// adds at most HoldCutGrace attempts to one request and nothing to the
-// pool's retry ratio (docs/resilience.md, "One attempt budget per
-// request").
+// adds at most HoldCutGrace attempts to one request (docs/resilience.md, "One attempt budget per
+// request"). A held cut's retry the retry budget refuses may take one of
+// Handler.holdCutBudget, the held cuts' own allowance: the budget's
+// minimum per window, beyond its ratio (a constant rate, never a storm),
+// because the ratio has no request history at a cold start, exactly
+// when every deployment is on probation and a stream-cutter's first
+// cuts land in holds.
 const HoldCutGrace = 2
 
 // preferProven moves the healthy candidates proven by a clean stream

@@ -163,3 +163,84 @@ func TestLastAttemptPrefersProven(t *testing.T) {
 	}
 	require.Equal(t, int64(30), good.n.Load()-before, "every request served by the proven deployment")
 }
+
+// TestHoldCutRetryAllowance: a held cut's retry the retry budget refuses
+// takes the held cuts' own allowance (the budget's minimum a window);
+// other retries are refused as before, and the allowance is bounded.
+// --retry-budget-min 2: a non-streaming request's two 503s spend the
+// budget; a stream then cut twice within its holds is retried twice on
+// the allowance and served; a 503 after that is refused with pushback.
+// With a minimum of 1, the second held cut's retry finds the allowance
+// spent: a typed 502, x-should-retry false.
+func TestHoldCutRetryAllowance(t *testing.T) {
+	t.Parallel()
+	unavailable := engineStatus(http.StatusServiceUnavailable, "", `{"object":"error","message":"engine restarting"}`)
+	held := stream(0, 5*time.Millisecond, 1, true)
+	t.Run("served", func(t *testing.T) {
+		t.Parallel()
+		var calls atomic.Int64
+		e := newEnv(t, withProbation, func(c *Config) { c.MaxRetries, c.RetryBudgetMin = 2, 2 })
+		tok := e.key("k1", nil)
+		e.group("g")
+		sequencePool(t, e, "g", 6, &calls, func(i int64) http.HandlerFunc {
+			switch i {
+			case 1, 2, 7:
+				return unavailable
+			case 3:
+				return engineStatus(http.StatusOK, "", okBody)
+			case 4, 5:
+				return held
+			}
+			return stream(0, 0, 2, false)
+		})
+		e.apply()
+		resp := e.post(RouteChat, tok, chatBody("g", ""))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, "3", resp.Header.Get(oai.HeaderAttempts))
+		resp.Body.Close()
+		require.Equal(t, int64(3), calls.Load())
+		// The budget is spent (2 retries); the held cuts' retries take
+		// the allowance.
+		resp = e.post(RouteChat, tok, chatBody("g", `"stream":true`))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		data := sseData(t, resp.Body)
+		resp.Body.Close()
+		require.Equal(t, "[DONE]", data[len(data)-1])
+		require.Equal(t, "3", resp.Header.Get(oai.HeaderAttempts))
+		require.Equal(t, 2.0, counterValue(e.h.m.holdCutRetries.WithLabelValues("g")))
+		require.Zero(t, counterValue(e.h.m.retryRefusals.WithLabelValues("g")))
+		// A 503's retry: refused, the original error with pushback.
+		ae := readErr(t, e.post(RouteChat, tok, chatBody("g", "")))
+		require.Equal(t, http.StatusServiceUnavailable, ae.Status)
+		require.Equal(t, "1", ae.Header.Get(oai.HeaderAttempts))
+		require.Equal(t, "false", ae.Header.Get("X-Should-Retry"))
+		require.Equal(t, 1.0, counterValue(e.h.m.retryRefusals.WithLabelValues("g")))
+	})
+	t.Run("allowance spent", func(t *testing.T) {
+		t.Parallel()
+		var calls atomic.Int64
+		e := newEnv(t, withProbation, func(c *Config) { c.MaxRetries, c.RetryBudgetMin = 2, 1 })
+		tok := e.key("k1", nil)
+		e.group("g")
+		sequencePool(t, e, "g", 6, &calls, func(i int64) http.HandlerFunc {
+			switch i {
+			case 1:
+				return unavailable
+			case 2:
+				return engineStatus(http.StatusOK, "", okBody)
+			}
+			return held
+		})
+		e.apply()
+		resp := e.post(RouteChat, tok, chatBody("g", ""))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		resp.Body.Close()
+		ae := readErr(t, e.post(RouteChat, tok, chatBody("g", `"stream":true`)))
+		require.Equal(t, http.StatusBadGateway, ae.Status)
+		require.Equal(t, oai.CodeUpstreamError, ae.Error.Code)
+		require.Equal(t, "2", ae.Header.Get(oai.HeaderAttempts))
+		require.Equal(t, "false", ae.Header.Get("X-Should-Retry"))
+		require.Equal(t, int64(4), calls.Load())
+		require.Equal(t, 1.0, counterValue(e.h.m.holdCutRetries.WithLabelValues("g")))
+	})
+}
