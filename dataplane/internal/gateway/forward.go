@@ -42,14 +42,17 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 	holdCuts := 0     // attempts cut within their stream hold (given back, bounded)
 	lastHeld := false // the last attempt was cut within its hold
 	for x.attempts < maxAttempts+min(holdCuts, HoldCutGrace) {
-		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
-			// A held cut's retry the budget refused may take one of the
-			// held cuts' own allowance (its minimum a window).
-			if !lastHeld || !h.holdCutBudget.TryRetry(x.group, time.Now()) {
+		if x.attempts > 0 && next < len(cands) {
+			// A held cut's retry takes the held cuts' own allowance (the
+			// budget's minimum a window) first, then the retry budget; any
+			// other retry the retry budget.
+			switch {
+			case lastHeld && h.holdCutBudget.TryRetry(x.group, time.Now()):
+				h.m.holdCutRetries.WithLabelValues(x.group).Inc()
+			case !h.budget.TryRetry(x.group, time.Now()):
 				h.m.retryRefusals.WithLabelValues(x.group).Inc()
 				return pushback(last)
 			}
-			h.m.holdCutRetries.WithLabelValues(x.group).Inc()
 		}
 		if x.attempts > 0 {
 			// The health of the untried candidates may have changed since
@@ -261,12 +264,14 @@ func (x *exchange) attemptOutcome(out forward.Outcome) string {
 // before the healthy one). Every retry still takes from the model
 // group's retry budget, and the total deadline is the same: the grace
 // adds at most HoldCutGrace attempts to one request (docs/resilience.md, "One attempt budget per
-// request"). A held cut's retry the retry budget refuses may take one of
-// Handler.holdCutBudget, the held cuts' own allowance: the budget's
-// minimum per window, beyond its ratio (a constant rate, never a storm),
-// because the ratio has no request history at a cold start, exactly
-// when every deployment is on probation and a stream-cutter's first
-// cuts land in holds.
+// request"). A held cut's retry takes Handler.holdCutBudget, the held
+// cuts' own allowance, first: the retry budget's minimum per window
+// (beyond its ratio: a constant rate, never a storm), then the retry
+// budget. Held cuts come in bursts at a cold start, when every
+// deployment is on probation and the ratio has no request history yet:
+// on the retry budget they spent the retries its minimum keeps for
+// finding out the rest of a brownout (a 503, a 429). Without the
+// probation those cuts reached clients and cost no retry.
 const HoldCutGrace = 2
 
 // preferProven moves the healthy candidates proven by a clean stream

@@ -164,14 +164,16 @@ func TestLastAttemptPrefersProven(t *testing.T) {
 	require.Equal(t, int64(30), good.n.Load()-before, "every request served by the proven deployment")
 }
 
-// TestHoldCutRetryAllowance: a held cut's retry the retry budget refuses
-// takes the held cuts' own allowance (the budget's minimum a window);
-// other retries are refused as before, and the allowance is bounded.
-// --retry-budget-min 2: a non-streaming request's two 503s spend the
-// budget; a stream then cut twice within its holds is retried twice on
-// the allowance and served; a 503 after that is refused with pushback.
-// With a minimum of 1, the second held cut's retry finds the allowance
-// spent: a typed 502, x-should-retry false.
+// TestHoldCutRetryAllowance: a held cut's retry takes the held cuts' own
+// allowance (the retry budget's minimum a window) before the retry
+// budget, so the probation's cuts do not spend the retries the rest of a
+// brownout needs; other retries take the retry budget as before, and the
+// allowance is bounded. --retry-budget-min 2: a stream cut twice within
+// its holds is retried twice on the allowance and served; a
+// non-streaming request's two 503s are then retried on the untouched
+// retry budget and served; a third 503 is refused with pushback. With a
+// minimum of 1 and the budget spent, the second held cut's retry finds
+// the allowance spent too: a typed 502, x-should-retry false.
 func TestHoldCutRetryAllowance(t *testing.T) {
 	t.Parallel()
 	unavailable := engineStatus(http.StatusServiceUnavailable, "", `{"object":"error","message":"engine restarting"}`)
@@ -184,32 +186,33 @@ func TestHoldCutRetryAllowance(t *testing.T) {
 		e.group("g")
 		sequencePool(t, e, "g", 6, &calls, func(i int64) http.HandlerFunc {
 			switch i {
-			case 1, 2, 7:
-				return unavailable
-			case 3:
-				return engineStatus(http.StatusOK, "", okBody)
-			case 4, 5:
+			case 1, 2:
 				return held
+			case 3:
+				return stream(0, 0, 2, false)
+			case 6:
+				return engineStatus(http.StatusOK, "", okBody)
 			}
-			return stream(0, 0, 2, false)
+			return unavailable
 		})
 		e.apply()
-		resp := e.post(RouteChat, tok, chatBody("g", ""))
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-		require.Equal(t, "3", resp.Header.Get(oai.HeaderAttempts))
-		resp.Body.Close()
-		require.Equal(t, int64(3), calls.Load())
-		// The budget is spent (2 retries); the held cuts' retries take
-		// the allowance.
-		resp = e.post(RouteChat, tok, chatBody("g", `"stream":true`))
+		resp := e.post(RouteChat, tok, chatBody("g", `"stream":true`))
 		require.Equal(t, http.StatusOK, resp.StatusCode)
 		data := sseData(t, resp.Body)
 		resp.Body.Close()
 		require.Equal(t, "[DONE]", data[len(data)-1])
 		require.Equal(t, "3", resp.Header.Get(oai.HeaderAttempts))
 		require.Equal(t, 2.0, counterValue(e.h.m.holdCutRetries.WithLabelValues("g")))
+		// The retry budget is untouched: a non-stream's two 503s are
+		// retried on it.
+		resp = e.post(RouteChat, tok, chatBody("g", ""))
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		require.Equal(t, "3", resp.Header.Get(oai.HeaderAttempts))
+		resp.Body.Close()
+		require.Equal(t, int64(6), calls.Load())
 		require.Zero(t, counterValue(e.h.m.retryRefusals.WithLabelValues("g")))
-		// A 503's retry: refused, the original error with pushback.
+		// Spent now: a 503's retry is refused, the original error with
+		// pushback.
 		ae := readErr(t, e.post(RouteChat, tok, chatBody("g", "")))
 		require.Equal(t, http.StatusServiceUnavailable, ae.Status)
 		require.Equal(t, "1", ae.Header.Get(oai.HeaderAttempts))

@@ -125,7 +125,7 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 		}, []string{"model_group"}),
 		holdCutRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_proxy_hold_cut_retries_total",
-			Help: "Retries of streams cut within their hold (probe or stream probation) made on the held cuts' own allowance after the retry budget refused them.",
+			Help: "Retries of streams cut within their hold (probe or stream probation) made on the held cuts' own allowance (the retry budget's minimum a window) instead of the retry budget.",
 		}, []string{"model_group"}),
 		upstreamInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_proxy_upstream_in_flight",

@@ -244,8 +244,8 @@ type Handler struct {
 	probation bool
 	// budget is the retry budget of every model group.
 	budget *upstream.RetryBudget
-	// holdCutBudget is the allowance of the retries of held cuts the
-	// retry budget refused (forward.go): its minimum per window.
+	// holdCutBudget is the held cuts' own retry allowance, taken before
+	// the retry budget (forward.go): its minimum per window.
 	holdCutBudget *upstream.RetryBudget
 	// maxEjectionPct is Config.MaxEjectionPercent with its default,
 	// panicPct Config.PanicThresholdPercent.
