@@ -110,7 +110,11 @@ func TestBrownout(t *testing.T) {
 					mu.Lock()
 					refusedAt = append(refusedAt, i)
 					mu.Unlock()
-					t.Logf("request %d refused: %d %s", i, resp.StatusCode, last)
+					// The attempts made and x-should-retry tell an exhausted
+					// attempt budget from a retry the retry budget refused
+					// (pushback: false).
+					t.Logf("request %d refused: %d %s (attempts %s, x-should-retry %s)", i, resp.StatusCode, last,
+						resp.Header.Get(dataplane.HeaderAttempts), resp.Header.Get("X-Should-Retry"))
 					// Typed, with the hints a client retries on.
 					if !strings.Contains(last, `"code":"upstream_`) || resp.Header.Get("Retry-After-Ms") == "" {
 						badRefusal.Add(1)

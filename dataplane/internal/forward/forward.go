@@ -43,6 +43,13 @@ type Outcome struct {
 	// Retry says another deployment may be tried: nothing reached the
 	// client and the failure is retryable.
 	Retry bool
+	// HoldCut says the attempt was a held stream (Policy.Probe,
+	// Policy.Probation) cut by its engine within the hold, after its
+	// first event: the hold turned what would have been a cut at the
+	// client into this retryable failure. The gateway gives such an
+	// attempt back to the request's attempt budget, bounded
+	// (docs/resilience.md, "One attempt budget per request").
+	HoldCut bool
 }
 
 // Exchange is the request an attempt serves: what it reads of it and
@@ -559,8 +566,10 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 				a.cut()
 			}
 		}
+		heldCut := false
 		if hd.on {
 			if e.Code == openai.CodeUpstreamStreamError || e.Code == openai.CodeUpstreamError {
+				heldCut = !hd.start.IsZero() // its first event was held: the hold caught the cut
 				a.endHold(hd, HoldCut)
 			} else {
 				a.endHold(hd, HoldAborted)
@@ -588,7 +597,7 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 					e = openai.UpstreamFailed("the model server ended the stream early (nothing had reached the client)")
 				}
 			}
-			return Outcome{Err: e, Retry: retry}, true
+			return Outcome{Err: e, Retry: retry, HoldCut: heldCut && retry}, true
 		}
 		// Headers are out: tell the client in the stream.
 		a.x.SetErrorCode(e.Code)

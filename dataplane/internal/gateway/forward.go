@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,16 +39,31 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 	var wait time.Duration // shortest retry-after of a deployment at its cap
 	recovering := false    // a deployment's lease count is in quarantine
 	maxAttempts := x.maxAttempts()
-	for x.attempts < maxAttempts {
-		if x.attempts > 0 && next < len(cands) && !h.budget.TryRetry(x.group, time.Now()) {
-			h.m.retryRefusals.WithLabelValues(x.group).Inc()
-			return pushback(last)
+	holdCuts := 0     // attempts cut within their stream hold (given back, bounded)
+	lastHeld := false // the last attempt was cut within its hold
+	for x.attempts < maxAttempts+min(holdCuts, HoldCutGrace) {
+		if x.attempts > 0 && next < len(cands) {
+			// A held cut's retry takes the held cuts' own allowance (the
+			// budget's minimum a window) first, then the retry budget; any
+			// other retry the retry budget.
+			switch {
+			case lastHeld && h.holdCutBudget.TryRetry(x.group, time.Now()):
+				h.m.holdCutRetries.WithLabelValues(x.group).Inc()
+			case !h.budget.TryRetry(x.group, time.Now()):
+				h.m.retryRefusals.WithLabelValues(x.group).Inc()
+				return pushback(last)
+			}
 		}
 		if x.attempts > 0 {
 			// The health of the untried candidates may have changed since
 			// the list was made (this request's failures among them): a
 			// retry goes to one healthy now.
 			restand(cands[next:], time.Now())
+			if x.attempts+1 >= maxAttempts+min(holdCuts, HoldCutGrace) {
+				// The last attempt the budget allows goes to a deployment
+				// proven by a clean stream when there is one.
+				preferProven(cands[next:])
+			}
 		}
 		var c *candidate
 		// A first attempt queues behind waiting requests of its class or a
@@ -92,6 +109,9 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		}
 		if !out.Retry {
 			return out.Err
+		}
+		if lastHeld = out.HoldCut; lastHeld {
+			holdCuts++
 		}
 		last = out.Err
 	}
@@ -232,6 +252,48 @@ func (x *exchange) attemptOutcome(out forward.Outcome) string {
 		return "retryable"
 	}
 	return "failed"
+}
+
+// HoldCutGrace bounds the attempts a request gets back for its attempts
+// whose held stream (a half-open probe's, or one on stream probation) was
+// cut within the hold (forward.Outcome.HoldCut): each such attempt adds
+// one to the request's attempt budget, at most HoldCutGrace in all. The
+// hold exists so that such a cut is retried instead of reaching the
+// client; counted as an ordinary attempt it would take the attempt a
+// healthy deployment needed (a cutter on probation, a 503 and a 429
+// before the healthy one). Every retry still takes from the model
+// group's retry budget, and the total deadline is the same: the grace
+// adds at most HoldCutGrace attempts to one request (docs/resilience.md, "One attempt budget per
+// request"). A held cut's retry takes Handler.holdCutBudget, the held
+// cuts' own allowance, first: the retry budget's minimum per window
+// (beyond its ratio: a constant rate, never a storm), then the retry
+// budget. Held cuts come in bursts at a cold start, when every
+// deployment is on probation and the ratio has no request history yet:
+// on the retry budget they spent the retries its minimum keeps for
+// finding out the rest of a brownout (a 503, a 429). Without the
+// probation those cuts reached clients and cost no retry.
+const HoldCutGrace = 2
+
+// preferProven moves the healthy candidates proven by a clean stream
+// (upstream.Probation, with the stream probation on) ahead of the other
+// candidates of the best rank, each part in its order (byStanding's
+// order is kept otherwise): the request's last attempt goes where a
+// stream was last seen to end cleanly rather than to a deployment still
+// unproven, which may be the cutter whose cut is why the request is
+// retrying. A first attempt is never reordered this way (an unproven
+// deployment is proven by its first attempts).
+func preferProven(cands []candidate) {
+	slices.SortStableFunc(cands, func(a, b candidate) int {
+		return cmp.Compare(provenRank(a), provenRank(b))
+	})
+}
+
+func provenRank(c candidate) int {
+	r := 2 * c.standing.Rank()
+	if c.standing != upstream.Healthy || !c.st.Health.Probation.Proven() {
+		r++
+	}
+	return r
 }
 
 // restand refreshes the standing of untried candidates from their health

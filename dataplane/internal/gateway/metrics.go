@@ -28,6 +28,7 @@ type metrics struct {
 	probation            *prometheus.CounterVec
 	retries              *prometheus.CounterVec
 	retryRefusals        *prometheus.CounterVec
+	holdCutRetries       *prometheus.CounterVec
 	healthReturns        *prometheus.CounterVec
 	ejectionReturns      *prometheus.CounterVec
 	deploymentsOut       *prometheus.GaugeVec
@@ -122,6 +123,10 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 			Name: "sluice_proxy_retry_budget_refusals_total",
 			Help: "Retries refused because the model group's retry budget was spent (the request got its original error).",
 		}, []string{"model_group"}),
+		holdCutRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_proxy_hold_cut_retries_total",
+			Help: "Retries of streams cut within their hold (probe or stream probation) made on the held cuts' own allowance (the retry budget's minimum a window) instead of the retry budget.",
+		}, []string{"model_group"}),
 		upstreamInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sluice_proxy_upstream_in_flight",
 			Help: "Requests this instance has in flight at each deployment (max_concurrency applies to it).",
@@ -172,7 +177,7 @@ func newMetrics(reg prometheus.Registerer, bodyReads func() int64) (*metrics, er
 		}, func() float64 { return float64(bodyReads()) }),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.upstreamErrors, m.attempts, m.credentialErrors,
-		m.ejections, m.streamHolds, m.probation, m.retries, m.retryRefusals, m.healthReturns, m.ejectionReturns, m.deploymentsOut, m.poolOut, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
+		m.ejections, m.streamHolds, m.probation, m.retries, m.retryRefusals, m.holdCutRetries, m.healthReturns, m.ejectionReturns, m.deploymentsOut, m.poolOut, m.upstreamInFlight, m.limitRejections, m.limitsUnavailable, m.limitsFallback,
 		m.budgetAlerts, m.pendingSettles, m.settleFailures, m.settlesWithoutRecord, m.leasesReasserted,
 		m.preauthRefusals, m.bodyFailures, m.bodyReads, m.responseRecordErrors} {
 		if err := reg.Register(c); err != nil {

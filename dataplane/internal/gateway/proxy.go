@@ -244,6 +244,9 @@ type Handler struct {
 	probation bool
 	// budget is the retry budget of every model group.
 	budget *upstream.RetryBudget
+	// holdCutBudget is the held cuts' own retry allowance, taken before
+	// the retry budget (forward.go): its minimum per window.
+	holdCutBudget *upstream.RetryBudget
 	// maxEjectionPct is Config.MaxEjectionPercent with its default,
 	// panicPct Config.PanicThresholdPercent.
 	maxEjectionPct, panicPct int
@@ -369,6 +372,8 @@ func New(cfg Config) (*Handler, error) {
 		minRetries = upstream.DefaultRetryBudgetMin
 	}
 	h.budget = upstream.NewRetryBudget(ratio, minRetries)
+	// No request is counted in it: its allowance is its minimum alone.
+	h.holdCutBudget = upstream.NewRetryBudget(ratio, minRetries)
 	h.maxEjectionPct, h.panicPct = cfg.MaxEjectionPercent, cfg.PanicThresholdPercent
 	if h.maxEjectionPct == 0 {
 		h.maxEjectionPct = upstream.DefaultMaxEjectionPercent
