@@ -218,11 +218,29 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	require.True(t, ok, "the data planes never served the key from slot slices")
 	time.Sleep(time.Second)
 	before := cls.peak.Load()
+	type catVer struct{ v, ev, reg uint64 }
+	ver := func(p *proxy) catVer {
+		c := p.DP.Catalog()
+		return catVer{c.Version, c.EventsSeq, c.RegionSeq}
+	}
+	v0 := []catVer{ver(ps[0]), ver(ps[1])}
 	_, err := d.Clients().Key.UpdateKey(context.Background(), connect.NewRequest(&adminv1.UpdateKeyRequest{
 		Key:        &adminv1.Key{Id: keyID, Limits: &adminv1.Limits{MaxParallelRequests: proto.Int64(lowered)}},
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"limits"}}}))
 	require.NoError(t, err)
+	updated := time.Now()
+	// The bounds below are the slices' (revoked with the first request
+	// after the change reaches a data plane), so they count from when the
+	// change reached both data planes: on a machine loaded 15 times over
+	// (the CI runs every package's tests at once) the change itself took
+	// 2.5–3 s to arrive, and the data plane that had not seen it yet kept
+	// admitting under the old limit, as it must. How fast changes reach
+	// the data planes is bounded here only loosely (5 s); on a quiet
+	// machine it is a few hundred ms (TestLimitsSlicesLimitLoweredFleetWide).
+	require.True(t, harness.Until(func() bool { return ver(ps[0]) != v0[0] && ver(ps[1]) != v0[1] }, 5*time.Second, time.Millisecond),
+		"the change did not reach both data planes within 5 s")
 	changed := time.Now()
+	t.Logf("the change reached both data planes %s after UpdateKey returned", changed.Sub(updated).Round(time.Millisecond))
 
 	// Sample the key's in flight at the upstream from the bound on.
 	from := changed.Add(time.Second + stream + 50*time.Millisecond)
