@@ -231,14 +231,17 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	updated := time.Now()
 	// The bounds below are the slices' (revoked with the first request
 	// after the change reaches a data plane), so they count from when the
-	// change reached both data planes: on a machine loaded 15 times over
-	// (the CI runs every package's tests at once) the change itself took
-	// 2.5–3 s to arrive, and the data plane that had not seen it yet kept
-	// admitting under the old limit, as it must. How fast changes reach
-	// the data planes is bounded here only loosely (5 s); on a quiet
-	// machine it is a few hundred ms (TestLimitsSlicesLimitLoweredFleetWide).
-	require.True(t, harness.Until(func() bool { return ver(ps[0]) != v0[0] && ver(ps[1]) != v0[1] }, 5*time.Second, time.Millisecond),
-		"the change did not reach both data planes within 5 s")
+	// change reached both data planes. On a machine loaded 15 times over
+	// (the CI runs every package's tests at once) the change took from
+	// 18 ms to more than 5 s to arrive (one run of four), and a data plane
+	// that has not seen it yet admits under the old limit, as it must: the
+	// test then failed on the upstream's peak (8 in flight 2 s after the
+	// update) with the slot slices gone only 2.8–3.2 s after it. How fast
+	// changes reach the data planes is not this test's subject (on a quiet
+	// machine a few hundred ms: TestLimitsSlicesLimitLoweredFleetWide); it
+	// waits for it up to 20 s and logs it.
+	require.True(t, harness.Until(func() bool { return ver(ps[0]) != v0[0] && ver(ps[1]) != v0[1] }, 20*time.Second, time.Millisecond),
+		"the change did not reach both data planes within 20 s")
 	changed := time.Now()
 	t.Logf("the change reached both data planes %s after UpdateKey returned", changed.Sub(updated).Round(time.Millisecond))
 
