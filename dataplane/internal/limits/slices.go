@@ -29,7 +29,12 @@ import (
 //     measured conservatively from when the carve was sent). A unit counted
 //     in bucket b stays counted until b leaves the window, at least one full
 //     window after any use within b, so the window's overshoot bound stays
-//     zero.
+//     zero. The slices of a bucket are held under a rate lease (carve.lua's
+//     'ql' entry: what they put in the bucket, watermarks): requests use
+//     them only below the watermarks Redis holds, so one bucket after b
+//     ends, whether this data plane lives or not, the next carve of the
+//     scope or a sweeper gives back all but the watermarks' worth of what
+//     it did not return itself.
 //   - budget: micro-dollars added to the spend of the scope's current budget
 //     window ('bs') as one reservation, usable for BudgetLife (and never past
 //     the window's end). Requests reserve their maximum cost in the slice;
