@@ -479,6 +479,17 @@ func TestSlicesDeadInstanceRateReturns(t *testing.T) {
 			require.Equal(t, st0.Requests-backR+granted, st.Requests, "Redis keeps what the dead one admitted plus its watermarks")
 			if via == "sweeper" {
 				require.Equal(t, st0.Tokens-backT, st.Tokens)
+				// The "dead" limiter was only slow: its worker now gives back
+				// what its expired slices did not use. Its leases were
+				// reclaimed already, so those free returns are dropped:
+				// nothing is given back twice. (The same call may carve for
+				// the demand it saw before it stopped: a new slice, counted.)
+				dead.slices.tick(context.Background(), false)
+				ds := dead.SliceStats()
+				require.Zero(t, ds.PendingReturns)
+				again := f.b.state(t, scopes[0])
+				require.Equal(t, st.Requests+ds.HeldR, again.Requests, "a free return after the reclaim gave units back twice")
+				require.Equal(t, st.Tokens+ds.HeldT, again.Tokens, "a free return after the reclaim gave tokens back twice")
 			}
 		})
 	}
