@@ -196,7 +196,14 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxParallelRequests: proto.Int64(200)})
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false }))
+		// A 1 s call timeout (as the other load-bound e2e tests): under the
+		// lowered limit (5, below MinParallel) every request is admitted
+		// exactly, and on a machine loaded 15 times over every call timed
+		// out at 50 ms, so nothing was admitted after the change (503
+		// limits_unavailable, failing closed as it must).
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
+			c.NoLimitSlices, c.LimitsCallTimeout = false, time.Second
+		}))
 	}
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, ps, tok, "warm")
