@@ -183,6 +183,18 @@ type lfClass struct {
 	total    atomic.Int64
 	mu       sync.Mutex
 	arrivals map[string]time.Time // request tag → arrival
+	leaves   map[string]time.Time // request tag → when it stopped counting as in flight
+}
+
+// span returns when the class request tagged id arrived and when it
+// stopped counting as in flight (ok false: unknown or still in flight).
+// The proxy held the request's slot over at least that span.
+func (c *lfClass) span(id string) (arrived, left time.Time, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	arrived, ok1 := c.arrivals[id]
+	left, ok2 := c.leaves[id]
+	return arrived, left, ok1 && ok2
 }
 
 // lfUpstream is a fake OpenAI upstream. The user message of a request is
@@ -210,7 +222,7 @@ func (u *lfUpstream) class(name string) *lfClass {
 	defer u.mu.Unlock()
 	c := u.classes[name]
 	if c == nil {
-		c = &lfClass{arrivals: map[string]time.Time{}}
+		c = &lfClass{arrivals: map[string]time.Time{}, leaves: map[string]time.Time{}}
 		u.classes[name] = c
 	}
 	return c
@@ -260,6 +272,9 @@ func (u *lfUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var left atomic.Bool
 	leave := func() {
 		if left.CompareAndSwap(false, true) {
+			c.mu.Lock()
+			c.leaves[tag[2]] = time.Now()
+			c.mu.Unlock()
 			c.inFlight.Add(-1)
 		}
 	}

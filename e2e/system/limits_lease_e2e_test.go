@@ -136,7 +136,20 @@ func TestLimitsProxySIGKILLSettlesStreams(t *testing.T) {
 			require.NoError(t, err)
 			return v
 		}
-		before := spend()
+		// The counter before the streams, once settled: the poll that
+		// found the subprocess ready was settled asynchronously (its
+		// reservation replaced by its real cost), and a settlement landing
+		// after this read would take up to its reservation off the streams'
+		// (5 reservations exceed 20M µ$ by only their prompts' estimates).
+		var before int64
+		last, since := spend(), time.Now()
+		require.True(t, harness.Until(func() bool {
+			if v := spend(); v != last {
+				last, since = v, time.Now()
+			}
+			before = last
+			return time.Since(since) >= 300*time.Millisecond
+		}, 10*time.Second, 20*time.Millisecond), "the budget counter never settled")
 
 		var ss []*lkStream
 		for i := range streams {

@@ -196,7 +196,14 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	keyID, tok := lfKey(t, d, org, team, &adminv1.Limits{MaxParallelRequests: proto.Int64(200)})
 	var ps []*proxy
 	for range 2 {
-		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) { c.NoLimitSlices = false }))
+		// A 1 s call timeout (as the other load-bound e2e tests): under the
+		// lowered limit (5, below MinParallel) every request is admitted
+		// exactly, and on a machine loaded 15 times over every call timed
+		// out at 50 ms, so nothing was admitted after the change (503
+		// limits_unavailable, failing closed as it must).
+		ps = append(ps, d.StartProxy("default", time.Minute, func(c *dataplane.Config) {
+			c.NoLimitSlices, c.LimitsCallTimeout = false, time.Second
+		}))
 	}
 	c := lfNewClient(t)
 	lfWaitAdmitted(t, c, ps, tok, "warm")
@@ -218,11 +225,32 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	require.True(t, ok, "the data planes never served the key from slot slices")
 	time.Sleep(time.Second)
 	before := cls.peak.Load()
+	type catVer struct{ v, ev, reg uint64 }
+	ver := func(p *proxy) catVer {
+		c := p.DP.Catalog()
+		return catVer{c.Version, c.EventsSeq, c.RegionSeq}
+	}
+	v0 := []catVer{ver(ps[0]), ver(ps[1])}
 	_, err := d.Clients().Key.UpdateKey(context.Background(), connect.NewRequest(&adminv1.UpdateKeyRequest{
 		Key:        &adminv1.Key{Id: keyID, Limits: &adminv1.Limits{MaxParallelRequests: proto.Int64(lowered)}},
 		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"limits"}}}))
 	require.NoError(t, err)
+	updated := time.Now()
+	// The bounds below are the slices' (revoked with the first request
+	// after the change reaches a data plane), so they count from when the
+	// change reached both data planes. On a machine loaded 15 times over
+	// (the CI runs every package's tests at once) the change took from
+	// 18 ms to more than 5 s to arrive (one run of four), and a data plane
+	// that has not seen it yet admits under the old limit, as it must: the
+	// test then failed on the upstream's peak (8 in flight 2 s after the
+	// update) with the slot slices gone only 2.8–3.2 s after it. How fast
+	// changes reach the data planes is not this test's subject (on a quiet
+	// machine a few hundred ms: TestLimitsSlicesLimitLoweredFleetWide); it
+	// waits for it up to 20 s and logs it.
+	require.True(t, harness.Until(func() bool { return ver(ps[0]) != v0[0] && ver(ps[1]) != v0[1] }, 20*time.Second, time.Millisecond),
+		"the change did not reach both data planes within 20 s")
 	changed := time.Now()
+	t.Logf("the change reached both data planes %s after UpdateKey returned", changed.Sub(updated).Round(time.Millisecond))
 
 	// Sample the key's in flight at the upstream from the bound on.
 	from := changed.Add(time.Second + stream + 50*time.Millisecond)
@@ -245,13 +273,20 @@ func TestLimitsSlicesParallelLoweredFleetWide(t *testing.T) {
 	stop()
 	wait()
 	// The requests sent 1 s or more after the update (admitted under the
-	// new limit): their streams in flight at once, from the client's view
-	// (response headers to the end of the body).
+	// new limit): their streams in flight at once at the upstream (arrival
+	// to the last chunk), a span within the one the proxy held each one's
+	// slot over. (The client's view — response headers to the end of the
+	// body — counts a stream until its client goroutine has read it, which
+	// on a loaded machine may come after the proxy released the slot and
+	// admitted the next request: it can see more at once than the proxy
+	// ever held, a false failure.)
 	bound := changed.Add(time.Second)
 	var ivs [][2]time.Time
 	for _, r := range c.results() {
 		if r.class == "hot" && r.status == http.StatusOK && !r.start.Before(bound) {
-			ivs = append(ivs, [2]time.Time{r.hdr, r.done})
+			arrived, left, ok := cls.span(r.id)
+			require.True(t, ok, "request %s answered 200 but its upstream span is unknown", r.id)
+			ivs = append(ivs, [2]time.Time{arrived, left})
 		}
 	}
 	var peakNew int64

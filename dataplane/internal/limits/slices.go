@@ -29,7 +29,12 @@ import (
 //     measured conservatively from when the carve was sent). A unit counted
 //     in bucket b stays counted until b leaves the window, at least one full
 //     window after any use within b, so the window's overshoot bound stays
-//     zero.
+//     zero. The slices of a bucket are held under a rate lease (carve.lua's
+//     'ql' entry: what they put in the bucket, watermarks): requests use
+//     them only below the watermarks Redis holds, so one bucket after b
+//     ends, whether this data plane lives or not, the next carve of the
+//     scope or a sweeper gives back all but the watermarks' worth of what
+//     it did not return itself.
 //   - budget: micro-dollars added to the spend of the scope's current budget
 //     window ('bs') as one reservation, usable for BudgetLife (and never past
 //     the window's end). Requests reserve their maximum cost in the slice;
@@ -142,12 +147,21 @@ func (c *SliceConfig) defaults() {
 
 type sliceKey struct{ org, kind, id string }
 
-// slice is one rate carve held: units left of bucket, usable until deadline.
+// slice is one rate carve held: units left of bucket, usable until
+// deadline. gR/gT and wR/wT are this data plane's rate lease of the bucket
+// as Redis held it at the last call (carve.lua's 'ql' entry): what its
+// slices put in the bucket and did not give back, and the watermarks. A
+// take keeps what was used (g - left) within the watermark, so a data plane
+// that dies leaves only the watermarks' worth of its unused units counted.
 type slice struct {
-	bucket   int64
-	deadline time.Time
-	r, t     int64
+	bucket         int64
+	deadline       time.Time
+	r, t           int64
+	gR, gT, wR, wT int64
 }
+
+// rlRaise asks Redis to raise the watermarks of the rate lease of a bucket.
+type rlRaise struct{ bucket, r, t int64 }
 
 // sliceRet is what goes back to one bucket: unused requests and tokens
 // (t < 0: a debt to charge).
@@ -177,8 +191,10 @@ type sliceScope struct {
 	rpm, tpm int64  // the limits the held slices were carved under
 	gen      uint64 // bumped when the limits change
 	held     []slice
-	rets     map[int64]sliceRet
-	usedR    int64 // demand since the last tick (local and exact)
+	rets     map[int64]sliceRet // refunds of used units and debts (always applied)
+	frets    map[int64]sliceRet // units slices did not use (applied while the lease holds them)
+	maxT     int64              // largest token estimate seen (decays)
+	usedR    int64              // demand since the last tick (local and exact)
 	usedT    int64
 	rateR    float64 // demand per second (moving average)
 	rateT    float64
@@ -467,7 +483,7 @@ func (s *slicer) scope(org string, sc *Scope) *sliceScope {
 		keys := kb.scope(sc)
 		st = &sliceScope{key: k, hkey: keys[0], pkey: keys[1], scope: ScopeRef{Kind: sc.Kind, ID: sc.ID},
 			rpm: sc.RPM, tpm: sc.TPM, par: sc.MaxParallel, bud: cloneBudget(sc.Budget),
-			rets: map[int64]sliceRet{}, brets: map[bretKey]int64{}, pall: map[string]struct{}{}}
+			rets: map[int64]sliceRet{}, frets: map[int64]sliceRet{}, brets: map[bretKey]int64{}, pall: map[string]struct{}{}}
 		if st.bud != nil {
 			st.bunit, _ = budget.ParseWindow(st.bud.Window) // validated by Admit
 		}
@@ -566,10 +582,15 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			}
 			st.usedR += needR
 			st.usedT += needT
+			st.maxT = max(st.maxT, needT)
 			st.lastUse = now
 			for j := range st.held {
 				h := &st.held[j]
-				if live && h.deadline.After(now) && h.r >= needR && h.t >= needT {
+				// Within the watermarks Redis holds: what was used of the
+				// lease stays below them (a dead data plane's unused rest
+				// above them goes back when its lease expires).
+				if live && h.deadline.After(now) && h.r >= needR && h.t >= needT &&
+					h.gR-h.r+needR <= h.wR && h.gT-h.t+needT <= h.wT {
 					h.r -= needR
 					h.t -= needT
 					takes = append(takes, sliceTake{sc: st, kind: takeRate, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
@@ -748,7 +769,7 @@ func mergeHeaders(a, b RateHeaders) RateHeaders {
 // carve call) and makes replies of carves in flight go back too.
 func (st *sliceScope) revokeLocked() {
 	for _, h := range st.held {
-		st.retLocked(h.bucket, h.r, h.t)
+		st.fretLocked(h.bucket, h.r, h.t)
 	}
 	st.held = st.held[:0]
 	st.gen++
@@ -782,6 +803,19 @@ func (st *sliceScope) retLocked(bucket, r, t int64) {
 	x.r += r
 	x.t += t
 	st.rets[bucket] = x
+}
+
+// fretLocked queues units a slice did not use (a free return: carve.lua
+// applies it only while this data plane's rate lease of the bucket holds
+// them).
+func (st *sliceScope) fretLocked(bucket, r, t int64) {
+	if r == 0 && t == 0 {
+		return
+	}
+	x := st.frets[bucket]
+	x.r += r
+	x.t += t
+	st.frets[bucket] = x
 }
 
 func (st *sliceScope) bretLocked(widx, epoch, amount int64) {
@@ -1030,6 +1064,11 @@ type carveItem struct {
 	rpm, tpm     int64
 	wantR, wantT int64
 	rets         map[int64]sliceRet
+	frets        map[int64]sliceRet
+	// rate leases: the watermarks of a new one, raises of the held ones
+	aheadR, aheadT int64
+	raises         []rlRaise
+	rsend          bool // a raise is due
 	// budget
 	bgen  uint64
 	bud   *Budget
@@ -1082,10 +1121,11 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			if h.deadline.After(now) {
 				kept = append(kept, h)
 			} else {
-				st.retLocked(h.bucket, h.r, h.t)
+				st.fretLocked(h.bucket, h.r, h.t)
 			}
 		}
 		st.held = kept
+		st.maxT = int64(float64(st.maxT) * decB)
 		st.rateR = (1-alpha)*st.rateR + alpha*float64(st.usedR)/tickSec
 		st.rateT = (1-alpha)*st.rateT + alpha*float64(st.usedT)/tickSec
 		st.rateB = (1-alpha)*st.rateB + alpha*float64(st.usedB)/tickSec
@@ -1114,12 +1154,17 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 			it.rets = st.rets
 			st.rets = map[int64]sliceRet{}
 		}
+		if len(st.frets) > 0 {
+			it.frets = st.frets
+			st.frets = map[int64]sliceRet{}
+		}
+		s.tickRateLeaseLocked(st, &it, now, final, bucket)
 		s.tickBudgetLocked(st, &it, now, final, decB)
 		s.tickParLocked(st, &it, now, final, ttl, iv, decP)
 		if st.bud != nil && (it.wantB > 0 || it.brets != nil || it.bsend) {
 			it.bud, it.bunit = st.bud, st.bunit
 		}
-		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.wantB > 0 || it.brets != nil || it.bsend ||
+		send := it.wantR > 0 || it.wantT > 0 || it.rets != nil || it.frets != nil || it.rsend || it.wantB > 0 || it.brets != nil || it.bsend ||
 			it.wantP > 0 || it.gone != nil || it.parRen
 		if send && !st.inflight {
 			st.inflight = true
@@ -1140,7 +1185,7 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 		for _, k := range idle {
 			if st := s.m[k]; st != nil {
 				st.mu.Lock()
-				if len(st.held) == 0 && len(st.rets) == 0 && len(st.bheld) == 0 && len(st.brets) == 0 && len(st.pall) == 0 &&
+				if len(st.held) == 0 && len(st.rets) == 0 && len(st.frets) == 0 && len(st.bheld) == 0 && len(st.brets) == 0 && len(st.pall) == 0 &&
 					len(st.pgone) == 0 && st.puse == 0 && !st.inflight && s.now().Sub(st.lastUse) > s.cfg.Idle {
 					delete(s.m, k)
 				}
@@ -1192,10 +1237,44 @@ func (st *sliceScope) requeueLocked(it *carveItem) {
 	for b, x := range it.rets {
 		st.retLocked(b, x.r, x.t)
 	}
+	for b, x := range it.frets {
+		st.fretLocked(b, x.r, x.t)
+	}
 	for k, x := range it.brets {
 		st.bretLocked(k.widx, k.epoch, x)
 	}
 	st.pgone = append(st.pgone, it.gone...)
+}
+
+// tickRateLeaseLocked decides the watermarks of the scope's rate leases:
+// what requests may use of each held slice before the next call, half a
+// bucket of demand (and four of the largest token estimates) ahead of
+// what they used; raised when less than half of that is left. A data
+// plane that dies leaves that much of its unused units counted until its
+// bucket leaves the window; the rest goes back when its lease expires.
+func (s *slicer) tickRateLeaseLocked(st *sliceScope, it *carveItem, now time.Time, final bool, bucket time.Duration) {
+	half := bucket.Seconds() / 2
+	if st.rpm > 0 {
+		it.aheadR = int64(math.Ceil(st.rateR*half)) + 4
+	}
+	if st.tpm > 0 {
+		it.aheadT = int64(math.Ceil(st.rateT*half)) + 4*st.maxT + 1
+	}
+	if final || len(st.held) == 0 {
+		return
+	}
+	it.raises = make([]rlRaise, 0, len(st.held))
+	for _, h := range st.held {
+		if !h.deadline.After(now) {
+			continue
+		}
+		uR, uT := h.gR-h.r, h.gT-h.t
+		x := rlRaise{bucket: h.bucket, r: max(h.wR, uR+it.aheadR), t: max(h.wT, uT+it.aheadT)}
+		it.raises = append(it.raises, x)
+		if (h.wR < h.gR && h.wR-uR < it.aheadR/2) || (h.wT < h.gT && h.wT-uT < it.aheadT/2) {
+			it.rsend = true
+		}
+	}
 }
 
 // tickBudgetLocked expires budget slices, gives back the free ones of a
@@ -1362,7 +1441,7 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 		j := 1
 		ok := true
 		for _, it := range items {
-			if j+carveFixed > len(v) || j+carveFixed+2*int(v[j+carveFixed-1]) > len(v) {
+			if j+carveFixed > len(v) || j+carveFixed+2*int(v[j+carveFixed-1])+1 > len(v) {
 				ok = false
 				break
 			}
@@ -1370,7 +1449,14 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 			na := int(o[carveFixed-1])
 			al := v[j+carveFixed : j+carveFixed+2*na]
 			j += carveFixed + 2*na
-			s.applyCarve(it, o, al, epoch, sent)
+			ne := int(v[j])
+			if ne < 0 || j+1+5*ne > len(v) {
+				ok = false
+				break
+			}
+			rl := v[j+1 : j+1+5*ne]
+			j += 1 + 5*ne
+			s.applyCarve(it, o, al, rl, epoch, sent)
 		}
 		if !ok || j != len(v) {
 			// Nothing is known of the items not applied: as for a failed call.
@@ -1415,12 +1501,14 @@ func (s *slicer) carveFailed(items []carveItem, sent time.Time) {
 }
 
 // carveFixed is the number of fixed values per item in carve.lua's reply
-// (the last one is the number of alert pairs that follow).
+// (the last one is the number of alert pairs that follow; after them, the
+// number of rate leases and their quintuples).
 const carveFixed = 17
 
 // applyCarve applies one item's reply: o the fixed values, al the alert
-// pairs.
-func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.Time) {
+// pairs, rl this data plane's rate leases of the scope (bucket, gr, gt, wr,
+// wt quintuples).
+func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent time.Time) {
 	st := it.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -1437,6 +1525,11 @@ func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.
 		st.brets = map[bretKey]int64{}
 		st.bgen++
 		st.bN, st.bB = 0, 0
+		// Rate slices of the old state: its leases are gone, so what they
+		// use would not be bounded by a watermark; the window restarted.
+		st.held = st.held[:0]
+		st.frets = map[int64]sliceRet{}
+		st.gen++
 	}
 	st.epoch = epoch
 	if it.bud != nil && st.bgen == it.bgen {
@@ -1461,7 +1554,7 @@ func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.
 	if gr > 0 || gt > 0 {
 		if st.gen != it.gen {
 			// Revoked while in flight: straight back.
-			st.retLocked(b, gr, gt)
+			st.fretLocked(b, gr, gt)
 		} else {
 			st.addLocked(slice{bucket: b, deadline: it.sent.Add(life - sliceDeadlineMargin), r: gr, t: gt})
 		}
@@ -1469,6 +1562,22 @@ func (s *slicer) applyCarve(it carveItem, o, al []int64, epoch int64, sent time.
 		// Near the limit (or below the reserve): exact admission until the
 		// window has room again.
 		st.backoff = sent.Add(s.lim.cfg.rateBucket / 2)
+	}
+	// The rate leases as Redis holds them now: a held slice whose lease is
+	// gone (never expected while it is usable) is not used again.
+	for j := range st.held {
+		h := &st.held[j]
+		found := false
+		for k := 0; k+4 < len(rl); k += 5 {
+			if rl[k] == h.bucket {
+				h.gR, h.gT, h.wR, h.wT = rl[k+1], rl[k+2], rl[k+3], rl[k+4]
+				found = true
+				break
+			}
+		}
+		if !found {
+			h.gR, h.gT, h.wR, h.wT = h.r, h.t, 0, 0
+		}
 	}
 	if st.gen == it.gen {
 		st.remR, st.resetR = o[4], time.Duration(o[5])*time.Millisecond
@@ -1569,9 +1678,23 @@ func (s *slicer) carveCall(org string, items []carveItem) scriptCall {
 		args.int(it.tpm)
 		args.int(it.wantR)
 		args.int(it.wantT)
+		args.int(it.aheadR)
+		args.int(it.aheadT)
 		args.int(int64(len(it.rets)))
 		for b, x := range it.rets {
 			args.int(b)
+			args.int(x.r)
+			args.int(x.t)
+		}
+		args.int(int64(len(it.frets)))
+		for b, x := range it.frets {
+			args.int(b)
+			args.int(x.r)
+			args.int(x.t)
+		}
+		args.int(int64(len(it.raises)))
+		for _, x := range it.raises {
+			args.int(x.bucket)
 			args.int(x.r)
 			args.int(x.t)
 		}
@@ -1653,7 +1776,7 @@ func (l *Limiter) SliceStats() SliceStats {
 		}
 		out.HeldSlots += int64(len(st.pall))
 		out.SlotsInUse += st.puse
-		out.PendingReturns += len(st.rets) + len(st.brets) + len(st.pgone)
+		out.PendingReturns += len(st.rets) + len(st.frets) + len(st.brets) + len(st.pgone)
 		if st.inflight {
 			out.InFlight++
 		}

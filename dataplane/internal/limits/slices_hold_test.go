@@ -237,21 +237,7 @@ func TestSlicesDeadInstanceSlotsReturn(t *testing.T) {
 	f := newSliceFleetCfg(t, 2, func(c *Config) { c.LeaseTTL, c.RenewInterval = ttl, 200*time.Millisecond },
 		SliceConfig{MinParallel: 10, Tick: 10 * time.Millisecond, Share: 1}, false)
 	dead, live := f.lims[0], f.lims[1]
-	ctx, kill := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { // the dead limiter's worker, stopped without release
-		defer close(done)
-		tk := time.NewTicker(10 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tk.C:
-				dead.slices.tick(ctx, false)
-			}
-		}
-	}()
+	kill := deadWorker(dead) // the dead limiter's worker, stopped without release
 	scopes := []Scope{{Kind: KindKey, ID: "k", MaxParallel: limit}}
 	var seq atomic.Int64
 	admit := func(l *Limiter) *Lease {
@@ -279,7 +265,6 @@ func TestSlicesDeadInstanceSlotsReturn(t *testing.T) {
 		return st.HeldSlots >= 12 && st.SlotsInUse == 0
 	}, 5*time.Second, 5*time.Millisecond)
 	kill()
-	<-done
 	held := dead.SliceStats().HeldSlots
 	died := time.Now()
 	// The live limiter (exact: its worker is not running) fills the cap:

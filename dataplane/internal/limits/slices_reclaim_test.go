@@ -29,21 +29,7 @@ func TestSlicesDeadInstanceBudgetReclaimedWithoutCarve(t *testing.T) {
 				SliceConfig{MinBudgetMicros: 1000, Tick: 10 * time.Millisecond, Share: 1}, false)
 			dead, exact := f.lims[0], f.b.lim // f.b.lim has no slices
 			scopes := []Scope{{Kind: KindKey, ID: "k", Budget: &Budget{CapMicros: capMicros, Window: "1d"}}}
-			ctx, kill := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { // the dead limiter's worker, stopped without release
-				defer close(done)
-				tk := time.NewTicker(10 * time.Millisecond)
-				defer tk.Stop()
-				for {
-					select {
-					case <-ctx.Done():
-						return
-					case <-tk.C:
-						dead.slices.tick(ctx, false)
-					}
-				}
-			}()
+			kill := deadWorker(dead) // the dead limiter's worker, stopped without release
 			var seq atomic.Int64
 			spend := func(l *Limiter, cost int64) bool {
 				d, err := l.Admit(context.Background(), Request{OrgID: f.b.org, RequestID: fmt.Sprintf("r%d", seq.Add(1)), Scopes: scopes, MaxCostMicros: reserve})
@@ -62,7 +48,6 @@ func TestSlicesDeadInstanceBudgetReclaimedWithoutCarve(t *testing.T) {
 				return dead.SliceStats().HeldBudgetMicros >= capMicros/5
 			}, 5*time.Second, time.Millisecond)
 			kill()
-			<-done
 			died := time.Now()
 			free := dead.SliceStats().HeldBudgetMicros
 			sc := dead.slices.lookup(f.b.org, &scopes[0])

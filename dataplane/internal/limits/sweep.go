@@ -195,7 +195,9 @@ func (l *Limiter) Sweep(ctx context.Context, orgIDs []string, limit int) ([]Swep
 // whole lease TTL): what each held above its watermark goes back to its
 // budget window, as the next carve or exact admission of the scope would
 // do (carve.lua, admit.lua), so a scope no live data plane calls for gets
-// it back too. A sweeper runs it with every pass: one pipelined ZRANGE
+// it back too. Expired rate leases (a bucket ended a bucket ago and its
+// data plane did not give back what it held) are reclaimed the same way:
+// what each held above its watermarks goes back to its bucket. A sweeper runs it with every pass: one pipelined ZRANGE
 // BYSCORE of the orgs' budget-lease indexes, then one reclaim.lua call per
 // org with expired leases (up to limit scopes each). It returns the
 // micro-USD reclaimed.
@@ -241,6 +243,8 @@ func (l *Limiter) ReclaimBudgetLeases(ctx context.Context, orgIDs []string, limi
 			}
 			args := newArgv()
 			args.int(ms(l.cfg.LeaseTTL))
+			args.int(ms(l.cfg.rateBucket))
+			args.int(ms(l.cfg.rateWindow))
 			calls = append(calls, scriptCall{keys: ck, args: args})
 			corgs = append(corgs, org)
 		}

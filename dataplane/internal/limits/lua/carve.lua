@@ -27,6 +27,19 @@
 -- while the data plane's entry is live (after it expired they may have
 -- been reclaimed already).
 --
+-- Rate slices are held under rate leases: the field 'ql' of the state
+-- hash holds one entry per data plane and bucket ("<prefix> b gr gt wr
+-- wt", common.lua): gr/gt what its slices put in bucket b and did not give
+-- back, wr/wt its watermarks (it never uses more than them of what it holds
+-- in b without a call raising them first). Its slices end before b does,
+-- so one bucket after b ends an entry is expired (a dead data plane's, or
+-- one whose last return was lost): the next call for the scope, from any
+-- data plane, or a sweeper (reclaim.lua) gives gr - wr and gt - wt back to
+-- b, the watermarks' worth stays counted. What a data plane gives back of
+-- a slice it did not use (a free return) counts only while its entry is
+-- there (after it expired it may have been reclaimed already), and is
+-- taken off its gr/gt; refunds of units it used and debts count always.
+--
 -- concurrency: a slice is lease members "<instance>:<n>" of the data plane
 -- in the scope's lease set, scored by their expiry like any request's
 -- lease; the data plane renews every member it holds once per renew
@@ -52,8 +65,11 @@
 --   9 number of alert thresholds m, then m thresholds (percent of the cap)
 --   then per item:
 --     rate: rpm limit, tpm limit (0 = none), wanted requests, wanted
---       tokens (0 0: none), number of returns k, then k triples: bucket,
---       requests, tokens (tokens < 0: a debt to charge)
+--       tokens (0 0: none), the watermarks of a new lease (requests,
+--       tokens), number of returns k, then k triples: bucket, requests,
+--       tokens (tokens < 0: a debt to charge), number of free returns kf,
+--       then kf triples: bucket, requests, tokens, number of watermark
+--       raises q, then q triples: bucket, requests, tokens
 --     budget: unit ('-': none), n, cap, soft, wanted micro-USD, the
 --       watermark b, number of returns kb, then kb triples: window index,
 --       epoch, micro-USD (> 0 unused, back to that window; < 0 a debt)
@@ -68,8 +84,10 @@
 --   budget window index, ms until that window ends, micro-USD remaining
 --   below the cap; granted members (named from the first new number on),
 --   live members after the call; the number of alerts a, then a pairs:
---   threshold percent (0 = the soft budget), spend micro-USD. A scope with
---   rpm and tpm gets both or neither.
+--   threshold percent (0 = the soft budget), spend micro-USD; then the
+--   number e of this data plane's rate leases of the scope, then e
+--   quintuples: bucket, gr, gt, wr, wt. A scope with rpm and tpm gets both
+--   or neither.
 
 local now = now_ms()
 local window_ms = tonumber(ARGV[1])
@@ -97,9 +115,22 @@ for i = 1, n do
   local hk, pk = KEYS[2 * i], KEYS[2 * i + 1]
   local rpm, tpm = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local want_r, want_t = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local k = tonumber(ARGV[a + 5])
-  a = a + 5
+  local ahead_r, ahead_t = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+  local k = tonumber(ARGV[a + 7])
+  a = a + 7
   local created = false
+  local kf = tonumber(ARGV[a + 3 * k + 1])
+  local q = tonumber(ARGV[a + 3 * k + 3 * kf + 2])
+  -- Rate leases: the expired ones (of any data plane) are reclaimed.
+  local rl, rlchanged, mine_r = nil, false, {}
+  if rpm > 0 or tpm > 0 or k > 0 or kf > 0 or q > 0 then
+    rl = rl_parse(redis.call('HGET', hk, 'ql'))
+    local _, _, ch = rl_reclaim(hk, rl, now, bms, cur, nb)
+    rlchanged = ch
+    for _, e in ipairs(rl) do
+      if e[1] == mprefix then mine_r[e[2]] = e end
+    end
+  end
   -- Returns first: what the data plane did not use goes back to the bucket
   -- it was carved in, while that bucket is in the window (after, it has
   -- left anyway); a debt goes to that bucket, or the current one.
@@ -117,6 +148,38 @@ for i = 1, n do
     end
     if #set > 0 then redis.call('HSET', hk, unpack(set)) end
     if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+  end
+  -- Free returns: what slices did not use goes back while this data
+  -- plane's lease of the bucket is there, and comes off it.
+  a = a + 1
+  for _ = 1, kf do
+    local b, r, t = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    a = a + 3
+    local e = mine_r[b]
+    if e then
+      r, t = math.min(math.max(r, 0), math.max(e[3], 0)), math.min(math.max(t, 0), math.max(e[4], 0))
+      e[3], e[4] = e[3] - r, e[4] - t
+      rlchanged = true
+      if b >= cur - nb and (r > 0 or t > 0) then
+        local v = redis.call('HMGET', hk, 'r' .. b, 'rt', 'ro', 'k' .. b, 'kt', 'ko')
+        local set, del = {}, {}
+        if r > 0 then win_apply(set, del, 'r', b, -r, v[1], v[2], v[3]) end
+        if t > 0 then win_apply(set, del, 'k', b, -t, v[4], v[5], v[6]) end
+        if #set > 0 then redis.call('HSET', hk, unpack(set)) end
+        if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+      end
+    end
+  end
+  -- Watermark raises of the leases held.
+  a = a + 1
+  for _ = 1, q do
+    local b, wr, wt = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    a = a + 3
+    local e = mine_r[b]
+    if e and (wr > e[5] or wt > e[6]) then
+      e[5], e[6] = math.max(e[5], wr), math.max(e[6], wt)
+      rlchanged = true
+    end
   end
   local gr, gt, tb, life = 0, 0, cur, 0
   local rr, rs, tr, ts = 0, 0, 0, 0
@@ -160,6 +223,16 @@ for i = 1, n do
         set[#set + 1] = HASHTABLE_PAD
       end
       redis.call('HSET', hk, unpack(set))
+      -- This data plane's lease of the bucket carved in.
+      local e = mine_r[tb]
+      if e then
+        e[3], e[4] = e[3] + gr, e[4] + gt
+      else
+        e = { mprefix, tb, gr, gt, ahead_r, ahead_t }
+        rl[#rl + 1] = e
+        mine_r[tb] = e
+      end
+      rlchanged = true
     end
     if rpm > 0 then
       rr = math.max(rpm - rtotal, 0)
@@ -169,6 +242,14 @@ for i = 1, n do
       tr = math.max(tpm - ttotal, 0)
       if told then ts = (told + nb + 1) * bms - now end
     end
+  end
+  if rlchanged then
+    local kept = {}
+    for _, e in ipairs(rl) do
+      if e[3] > 0 or e[4] > 0 then kept[#kept + 1] = e else mine_r[e[2]] = nil end
+    end
+    rl = kept
+    if #rl > 0 then redis.call('HSET', hk, 'ql', rl_format(rl)) else redis.call('HDEL', hk, 'ql') end
   end
   if created then
     -- Like admit.lua for a scope without a budget: the hash outlives its
@@ -184,6 +265,7 @@ for i = 1, n do
   local gb, widx, wleft, brem = 0, 0, 0, 0
   local bwm, breset = 0, 0
   local alerts = {}
+  local bfirst, bindexed = nil, false
   if unit ~= '-' then
     local idx, _, we = budget_window(unit, bn, now_s)
     local id = bw_id(unit, bn, idx)
@@ -263,7 +345,7 @@ for i = 1, n do
       if hchanged and held then
         set[#set + 1] = 'bh'
         set[#set + 1] = bh_format(held, hs)
-        bh_index(bhx, hk, hs, lease_ttl)
+        bfirst, bindexed = bh_first(hs), true
       end
       if grew and held == id then
         if cap > 0 then
@@ -284,6 +366,18 @@ for i = 1, n do
       end
       redis.call('HSET', hk, unpack(set))
     end
+  end
+
+  -- The lease index of slices: when the first budget or rate lease of
+  -- the scope expires.
+  if rlchanged or bindexed then
+    if not bindexed then
+      local v = redis.call('HMGET', hk, 'bw', 'bh')
+      if v[1] and v[2] then bfirst = bh_first(bh_parse(v[2], v[1])) end
+    end
+    local rfirst = nil
+    if rl then rfirst = rl_first(rl, bms) end
+    lease_index(bhx, hk, bfirst, rfirst, lease_ttl, now)
   end
 
   -- Concurrency.
@@ -344,6 +438,16 @@ for i = 1, n do
   for _, x in ipairs(alerts) do
     out[#out + 1] = x[1]
     out[#out + 1] = x[2]
+  end
+  local ne = 0
+  for _ in pairs(mine_r) do ne = ne + 1 end
+  out[#out + 1] = ne
+  for b, e in pairs(mine_r) do
+    out[#out + 1] = b
+    out[#out + 1] = e[3]
+    out[#out + 1] = e[4]
+    out[#out + 1] = e[5]
+    out[#out + 1] = e[6]
   end
 end
 return out

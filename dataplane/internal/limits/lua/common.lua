@@ -20,6 +20,7 @@
 --                  window was missing, and the window id they are for;
 --                  seed.lua adds them to the seed
 --   ba<pct>, bsoft the budget window id in which that alert fired
+--   bh, ql         budget and rate leases of quota slices (below)
 --   lx             a time (ms) before which the lease set does not expire
 --   _              HASHTABLE_PAD, in hashes of scopes with rate limits (below)
 -- Expiry: a scope with a budget keeps its hash until an hour after the
@@ -408,17 +409,94 @@ local function bh_format(id, t)
   return table.concat(parts, '|')
 end
 
--- bh_index records in the org's budget-lease index (a sorted set) when
--- the first of scope hk's leases hs expires, or drops hk when it holds
--- none: the sweeper reclaims from it what no call of the scope does.
-local function bh_index(ix, hk, hs, lease_ttl)
+-- Rate leases of quota slices (carve.lua; docs/limits.md, "Rate leases"):
+-- the field 'ql' of a scope's state hash holds one entry per data plane and
+-- bucket its rate slices were carved in: "<instance> b gr gt wr wt", gr/gt
+-- the requests and tokens its slices put in bucket b and did not give back,
+-- wr/wt its watermarks (it never uses more than the watermark of what it
+-- holds in b without a call raising it first). Its slices end before b
+-- does, so an entry expires one bucket after b ends (rl_expiry): then
+-- gr - wr and gt - wt go back to b (while b is in the window), and the
+-- watermarks' worth stays counted. rl_parse returns a list of entries
+-- {instance, b, gr, gt, wr, wt}.
+local function rl_parse(s)
+  local t = {}
+  if not s then return t end
+  for inst, b, gr, gt, wr, wt in string.gmatch(s, '([^ |]+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+) (%-?%d+)') do
+    t[#t + 1] = { inst, tonumber(b), tonumber(gr), tonumber(gt), tonumber(wr), tonumber(wt) }
+  end
+  return t
+end
+
+local function rl_format(t)
+  local parts = {}
+  for _, e in ipairs(t) do
+    parts[#parts + 1] = string.format('%s %d %d %d %d %d', e[1], e[2], e[3], e[4], e[5], e[6])
+  end
+  return table.concat(parts, '|')
+end
+
+local function rl_expiry(b, bms) return (b + 2) * bms end
+
+-- rl_reclaim gives back what the expired entries of list es held above
+-- their watermarks, to their buckets still in the window (cur, nb), and
+-- removes them from es. Returns the requests and tokens given back and
+-- whether es changed.
+local function rl_reclaim(hk, es, now, bms, cur, nb)
+  local br, bt, changed = 0, 0, false
+  local j = 1
+  while j <= #es do
+    local e = es[j]
+    if rl_expiry(e[2], bms) <= now then
+      local r, t = math.max(e[3] - e[5], 0), math.max(e[4] - e[6], 0)
+      if e[2] >= cur - nb and (r > 0 or t > 0) then
+        local v = redis.call('HMGET', hk, 'r' .. e[2], 'rt', 'ro', 'k' .. e[2], 'kt', 'ko')
+        local set, del = {}, {}
+        if r > 0 then win_apply(set, del, 'r', e[2], -r, v[1], v[2], v[3]) end
+        if t > 0 then win_apply(set, del, 'k', e[2], -t, v[4], v[5], v[6]) end
+        if #set > 0 then redis.call('HSET', hk, unpack(set)) end
+        if #del > 0 then redis.call('HDEL', hk, unpack(del)) end
+        br, bt = br + r, bt + t
+      end
+      table.remove(es, j)
+      changed = true
+    else
+      j = j + 1
+    end
+  end
+  return br, bt, changed
+end
+
+-- rl_first is when the first entry of es expires (nil: none).
+local function rl_first(es, bms)
+  local first = nil
+  for _, e in ipairs(es) do
+    local x = rl_expiry(e[2], bms)
+    if first == nil or x < first then first = x end
+  end
+  return first
+end
+
+-- bh_first is when the first budget lease of hs expires (nil: none).
+local function bh_first(hs)
   local first = nil
   for _, h in pairs(hs) do
     if first == nil or h[3] < first then first = h[3] end
   end
+  return first
+end
+
+-- lease_index records in the org's lease index of slices (bhx: scope state
+-- key -> the first expiry of its budget and rate leases) when the first of
+-- scope hk's leases expires, or drops hk when it holds none: the sweeper
+-- reclaims from it what no call of the scope does. bfirst and rfirst are
+-- the first expiries of its budget and rate leases (nil: none).
+local function lease_index(ix, hk, bfirst, rfirst, lease_ttl, now)
+  local first = bfirst
+  if rfirst and (first == nil or rfirst < first) then first = rfirst end
   if first then
     redis.call('ZADD', ix, first, hk)
-    redis.call('PEXPIRE', ix, 3 * lease_ttl)
+    redis.call('PEXPIRE', ix, math.max(3 * lease_ttl, first - now + lease_ttl))
   else
     redis.call('ZREM', ix, hk)
   end
