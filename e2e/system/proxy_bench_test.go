@@ -433,7 +433,11 @@ func startBenchInfra(tb testing.TB) (*dist, func() infraCPU) {
 	sluiceBin := goBuild(tb, bin, "./cmd/sluice", "sluice")
 
 	port := freePort(tb)
-	nc := infraCommand(natsBin, "-port", strconv.Itoa(port), "-store", tb.TempDir(), "-sync-always")
+	natsArgs := []string{"-port", strconv.Itoa(port), "-store", tb.TempDir(), "-sync-always"}
+	if a := os.Getenv("SLUICE_BENCH_NATS_PPROF"); a != "" {
+		natsArgs = append(natsArgs, "-pprof-addr", a) // to profile NATS during a benchmark
+	}
+	nc := infraCommand(natsBin, natsArgs...)
 	stdin, err := nc.StdinPipe() // closed at exit: the helper never outlives the benchmark
 	require.NoError(tb, err)
 	stdout, err := nc.StdoutPipe()
@@ -449,6 +453,9 @@ func startBenchInfra(tb testing.TB) (*dist, func() infraCPU) {
 	adminAddr := fmt.Sprintf("127.0.0.1:%d", freePort(tb))
 	cp := infraCommand(sluiceBin, "control", "--addr", adminAddr, "--database-url", dbURL, "--nats-url", natsURL,
 		"--instance-id", "bench-cp", "--log-level", "warn")
+	if a := os.Getenv("SLUICE_BENCH_CONTROL_PPROF"); a != "" {
+		cp.Args = append(cp.Args, "--pprof-addr", a) // to profile the control plane during a benchmark
+	}
 	cp.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN="+testBootstrap, "SLUICE_KEY_PEPPER="+testPepper, "SLUICE_KEK="+testKEK)
 	startProc(tb, cp)
 	admin := "http://" + adminAddr

@@ -118,19 +118,11 @@ var ErrNoRequestID = errors.New("usage event has no request id")
 // once. Another encoding is left in the stream for a newer build. An
 // event without a time takes the time JetStream stored it.
 func decode(m jetstream.Msg) ([]store.SpendLog, []error, error) {
-	var stored *time.Time
-	at := func(ev *usagev1.UsageEvent) time.Time {
-		if ev.GetTime() != nil && ev.GetTime().CheckValid() == nil {
-			return ev.GetTime().AsTime()
+	stored := func() time.Time {
+		if md, err := m.Metadata(); err == nil {
+			return md.Timestamp
 		}
-		if stored == nil {
-			t := time.Now()
-			if md, err := m.Metadata(); err == nil {
-				t = md.Timestamp
-			}
-			stored = &t
-		}
-		return *stored
+		return time.Now()
 	}
 	switch enc := m.Headers().Get(wire.UsageEncodingHeader); enc {
 	case "":
@@ -141,25 +133,51 @@ func decode(m jetstream.Msg) ([]store.SpendLog, []error, error) {
 		if ev.GetRequestId() == "" {
 			return nil, nil, ErrNoRequestID
 		}
-		return []store.SpendLog{FromEvent(ev, at(ev))}, nil, nil
+		return []store.SpendLog{FromEvent(ev, eventTime(ev, stored))}, nil, nil
 	case wire.UsageEncodingBatchV1:
-		b := &usagev1.UsageBatch{}
-		if err := proto.Unmarshal(m.Data(), b); err != nil {
-			return nil, nil, fmt.Errorf("decode usage batch: %w", err)
-		}
-		logs := make([]store.SpendLog, 0, len(b.GetEvents()))
-		var rejected []error
-		for i, ev := range b.GetEvents() {
-			if ev.GetRequestId() == "" {
-				rejected = append(rejected, fmt.Errorf("event %d of usage batch %q: %w", i, b.GetBatchId(), ErrNoRequestID))
-				continue
-			}
-			logs = append(logs, FromEvent(ev, at(ev)))
-		}
-		return logs, rejected, nil
+		return decodeBatch(m.Data(), stored)
 	default:
 		return nil, nil, fmt.Errorf("%w: usage message encoding %q (this build reads %q)", ingest.ErrNotYet, enc, wire.UsageEncodingBatchV1)
 	}
+}
+
+// eventTime is ev's time, or else stored() (the time JetStream stored its
+// message).
+func eventTime(ev *usagev1.UsageEvent, stored func() time.Time) time.Time {
+	if ev.GetTime() != nil && ev.GetTime().CheckValid() == nil {
+		return ev.GetTime().AsTime()
+	}
+	return stored()
+}
+
+// decodeBatch decodes a UsageBatch into ledger rows (parseBatch);
+// events without a request id are rejected.
+func decodeBatch(data []byte, stored func() time.Time) ([]store.SpendLog, []error, error) {
+	b, err := parseBatch(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decode usage batch: %w", err)
+	}
+	logs := make([]store.SpendLog, 0, len(b.events))
+	var (
+		rejected []error
+		at       *time.Time
+	)
+	for i := range b.events {
+		ev := &b.events[i]
+		if ev.log.RequestID == "" {
+			rejected = append(rejected, fmt.Errorf("event %d of usage batch %q: %w", i, b.id, ErrNoRequestID))
+			continue
+		}
+		if !ev.hasTime {
+			if at == nil {
+				t := stored()
+				at = &t
+			}
+			ev.log.At = *at
+		}
+		logs = append(logs, cleanLog(ev.log))
+	}
+	return logs, rejected, nil
 }
 
 // FromEvent converts ev, recorded at at, to a ledger row. NUL bytes, which
@@ -183,6 +201,23 @@ func FromEvent(ev *usagev1.UsageEvent, at time.Time) store.SpendLog {
 		CacheCreationTokens: ev.GetCacheCreationTokens(), CostUSD: ev.GetCostUsd(), Status: ev.GetStatus(), ErrorCode: clean(ev.GetErrorCode()), LatencyMS: ev.GetLatencyMs(),
 		TTFTMS: ev.GetTtftMs(), Attempts: ev.GetAttempts(),
 	}
+}
+
+// cleanLog is l with NUL bytes replaced as FromEvent does, and its time
+// in UTC.
+func cleanLog(l store.SpendLog) store.SpendLog {
+	for _, p := range [...]*string{&l.RequestID, &l.Region, &l.InstanceID, &l.OrgID, &l.TeamID, &l.UserID, &l.KeyID,
+		&l.Project, &l.Customer, &l.AgentID, &l.SessionID, &l.TrafficClass, &l.Route, &l.RequestedModel,
+		&l.ModelGroup, &l.DeploymentID, &l.ErrorCode} {
+		*p = clean(*p)
+	}
+	for i, t := range l.Tags {
+		if strings.IndexByte(t, 0) >= 0 {
+			l.Tags[i] = clean(t) // the decoder's own slice
+		}
+	}
+	l.At = l.At.UTC()
+	return l
 }
 
 func clean(s string) string {

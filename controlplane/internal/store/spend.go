@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -105,11 +106,10 @@ func (k spendKey) compare(o spendKey) int {
 	return k.day.Compare(o.day)
 }
 
-// spendScopes returns the (scope, id) pairs l counts towards; empty ids
-// are skipped, and each tag counts once even if repeated.
-func spendScopes(l *SpendLog) [][2]string {
-	out := make([][2]string, 0, 9+len(l.Tags))
-	for _, s := range [][2]string{
+// appendSpendScopes appends the (scope, id) pairs l counts towards; empty
+// ids are skipped, and each tag counts once even if repeated.
+func appendSpendScopes(out [][2]string, l *SpendLog) [][2]string {
+	for _, s := range [...][2]string{
 		{SpendScopeOrg, l.OrgID}, {SpendScopeTeam, l.TeamID}, {SpendScopeUser, l.UserID},
 		{SpendScopeKey, l.KeyID}, {SpendScopeCustomer, l.Customer}, {SpendScopeModelGroup, l.ModelGroup},
 		{SpendScopeDeployment, l.DeploymentID}, {SpendScopeProject, l.Project},
@@ -118,10 +118,8 @@ func spendScopes(l *SpendLog) [][2]string {
 			out = append(out, s)
 		}
 	}
-	seen := map[string]bool{}
-	for _, t := range l.Tags {
-		if t != "" && !seen[t] {
-			seen[t] = true
+	for i, t := range l.Tags {
+		if t != "" && !slices.Contains(l.Tags[:i], t) {
 			out = append(out, [2]string{SpendScopeTag, t})
 		}
 	}
@@ -148,9 +146,12 @@ var spendLogColumns = []string{"request_id", "at", "region", "instance_id", "org
 // at every commit, and a rollback discards its rows anyway.
 const spendIncomingDDL = `CREATE TEMP TABLE IF NOT EXISTS spend_logs_incoming (LIKE spend_logs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS`
 
+// spendIncomingCopy stages the logs (appendSpendCopy's binary tuples).
+var spendIncomingCopy = `COPY spend_logs_incoming (` + strings.Join(spendLogColumns, ", ") + `) FROM STDIN (FORMAT binary)`
+
 // spendIncomingInsert moves the staged logs into spend_logs, in request-id
 // order, skipping request ids already recorded, and returns the ids it
-// inserted.
+// inserted (as text: the query is sent with the text result format).
 var spendIncomingInsert = `INSERT INTO spend_logs (` + strings.Join(spendLogColumns, ", ") + `)
 SELECT ` + strings.Join(spendLogColumns, ", ") + ` FROM spend_logs_incoming ORDER BY request_id
 ON CONFLICT (request_id) DO NOTHING
@@ -172,58 +173,61 @@ func (s *Store) SpendRecord(ctx context.Context, logs []SpendLog) (SpendRecordRe
 	// The sort is stable and only the first log of a request id is
 	// offered, so when one call repeats a request id (a batch carrying
 	// it twice) the first recorded wins, as across calls.
-	sorted := slices.Clone(logs)
-	slices.SortStableFunc(sorted, func(a, b SpendLog) int { return strings.Compare(a.RequestID, b.RequestID) })
+	sorted := make([]*SpendLog, len(logs))
+	for i := range logs {
+		sorted[i] = &logs[i]
+	}
+	slices.SortStableFunc(sorted, func(a, b *SpendLog) int { return strings.Compare(a.RequestID, b.RequestID) })
 	offered := make([]bool, len(sorted))
-	rows := make([][]any, 0, len(sorted))
-	for i := range sorted {
-		l := &sorted[i]
+	buf := make([]byte, 0, len(copyBinaryHeader)+2+len(sorted)*320)
+	buf = append(buf, copyBinaryHeader...)
+	for i, l := range sorted {
 		if i > 0 && l.RequestID == sorted[i-1].RequestID {
 			continue
 		}
 		offered[i] = true
-		rows = append(rows, []any{l.RequestID, l.At.UTC(), l.Region, l.InstanceID, l.OrgID, l.TeamID, l.UserID, l.KeyID,
-			l.Project, l.Customer, l.AgentID, l.SessionID, nonNil(l.Tags), l.TrafficClass, l.Route, l.RequestedModel,
-			l.ModelGroup, l.DeploymentID, l.Stream, l.PromptTokens, l.CompletionTokens, l.CachedTokens, l.CacheCreationTokens, l.CostUSD,
-			l.Status, l.ErrorCode, l.LatencyMS, l.TTFTMS, l.Attempts})
+		buf = appendSpendCopy(buf, l)
 	}
+	buf = append(buf, 0xff, 0xff) // trailer
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		// The logs are copied (COPY, binary) into a per-session temporary
-		// table emptied at commit, then inserted in one statement: per row
-		// this costs a fraction of one pipelined INSERT, on both sides.
+		// The logs are copied (COPY, binary, encoded by appendSpendCopy)
+		// into a per-session temporary table emptied at commit, then
+		// inserted in one statement: per row this costs a fraction of one
+		// pipelined INSERT, on both sides.
 		if _, err := tx.Exec(ctx, spendIncomingDDL); err != nil {
 			return fmt.Errorf("spend logs staging table: %w", err)
 		}
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"spend_logs_incoming"}, spendLogColumns, pgx.CopyFromRows(rows)); err != nil {
+		if _, err := tx.Conn().PgConn().CopyFrom(ctx, bytes.NewReader(buf), spendIncomingCopy); err != nil {
 			return fmt.Errorf("copy spend logs: %w", err)
 		}
+		// The ids inserted, read raw and looked up in sorted.
+		inserted := make([]bool, len(sorted))
 		ids, err := tx.Query(ctx, spendIncomingInsert)
 		if err != nil {
 			return fmt.Errorf("insert spend logs: %w", err)
 		}
-		got, err := pgx.CollectRows(ids, pgx.RowTo[string])
-		if err != nil {
+		for ids.Next() {
+			id := string(ids.RawValues()[0])
+			i, found := slices.BinarySearchFunc(sorted, id, func(l *SpendLog, id string) int { return strings.Compare(l.RequestID, id) })
+			for ; found && i < len(sorted) && sorted[i].RequestID == id; i++ {
+				inserted[i] = offered[i]
+			}
+		}
+		if err := ids.Err(); err != nil {
 			return fmt.Errorf("insert spend logs: %w", err)
-		}
-		fresh := make(map[string]bool, len(got))
-		for _, id := range got {
-			fresh[id] = true
-		}
-		inserted := make([]bool, len(sorted))
-		for i := range sorted {
-			inserted[i] = offered[i] && fresh[sorted[i].RequestID]
 		}
 		sums := map[spendKey]*SpendTotals{}
 		res = SpendRecordResult{}
-		for i := range sorted {
+		var scopes [][2]string
+		for i, l := range sorted {
 			if !inserted[i] {
 				res.Duplicates++
 				continue
 			}
 			res.Inserted++
-			l := &sorted[i]
 			day := utcDay(l.At)
-			for _, sc := range spendScopes(l) {
+			scopes = appendSpendScopes(scopes[:0], l)
+			for _, sc := range scopes {
 				k := spendKey{scope: sc[0], scopeID: sc[1], orgID: l.OrgID, day: day}
 				t := sums[k]
 				if t == nil {

@@ -4,7 +4,7 @@
 // runs elsewhere in production (dataplane/proxy_bench_test.go builds and
 // starts it). It is a test helper: no production binary includes it.
 //
-//	benchnats -port 4222 -store /tmp/js [-sync-always]
+//	benchnats -port 4222 -store /tmp/js [-sync-always] [-pprof-addr 127.0.0.1:6062]
 //
 // It prints "ready" on stdout once it accepts connections and stops on
 // SIGINT/SIGTERM or when its standard input closes (so it never outlives
@@ -15,6 +15,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	_ "net/http/pprof" // -pprof-addr
 	"os"
 	"os/signal"
 	"syscall"
@@ -26,6 +28,7 @@ import (
 func main() {
 	port := flag.Int("port", 4222, "client port on 127.0.0.1")
 	store := flag.String("store", "", "JetStream store directory (required)")
+	pprofAddr := flag.String("pprof-addr", "", "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 	syncAlways := flag.Bool("sync-always", false, "fsync the JetStream store after every write (as the test NATS does)")
 	flag.Parse()
 	if *store == "" {
@@ -37,6 +40,9 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchnats:", err)
 		os.Exit(1)
+	}
+	if *pprofAddr != "" {
+		go func() { fmt.Fprintln(os.Stderr, "benchnats: pprof:", http.ListenAndServe(*pprofAddr, nil)) }()
 	}
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
