@@ -84,7 +84,7 @@ func parseBatch(data []byte) (wireBatch, error) {
 	var b wireBatch
 	for off := 0; off < len(s); {
 		num, typ, n := protowire.ConsumeTag(data[off:])
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber { // proto.Unmarshal refuses numbers ConsumeTag lets through
 			return wireBatch{}, errMalformed
 		}
 		off += n
@@ -134,7 +134,7 @@ func parseEvent(s string, data []byte, start, end int) (wireEvent, error) {
 	data = data[:end]
 	for off := start; off < end; {
 		num, typ, n := protowire.ConsumeTag(data[off:])
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber { // proto.Unmarshal refuses numbers ConsumeTag lets through
 			return ev, errMalformed
 		}
 		off += n
@@ -274,7 +274,7 @@ func stringField(l *store.SpendLog, num protowire.Number, skip *string) *string 
 func parseTimestamp(data []byte, sec int64, nanos int32) (int64, int32, error) {
 	for off := 0; off < len(data); {
 		num, typ, n := protowire.ConsumeTag(data[off:])
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber { // proto.Unmarshal refuses numbers ConsumeTag lets through
 			return 0, 0, errMalformed
 		}
 		off += n
