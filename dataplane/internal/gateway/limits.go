@@ -644,10 +644,12 @@ func (x *exchange) startRenewal() {
 // renewal runs another after it.
 type renewal struct {
 	x *exchange
-	// Guarded by the tick's mutex.
-	due     time.Time
-	kicked  bool
-	stopped bool
+	// Guarded by the tick's mutex: the schedule, and the links of the
+	// tick's set (nil when not in it).
+	due        time.Time
+	kicked     bool
+	stopped    bool
+	prev, next *renewal
 	// Only the tick's goroutine uses lastOK.
 	lastOK time.Time
 }
