@@ -1087,13 +1087,15 @@ func (l *Limiter) SettleOne(ctx context.Context, it SettleItem) (SettleResult, e
 // moment leaves the settlement to SettleBatch.
 func (l *Limiter) SettleLocal(it SettleItem) (res SettleResult, ok bool) {
 	lease := it.Lease
-	if l.slices == nil || lease.local == nil || lease.needs || lease.pwait != nil || lease.keys != nil || lease.settled.Load() {
+	if l.slices == nil || lease.local == nil || lease.needs || lease.pwait != nil || lease.settled.Load() {
 		return SettleResult{}, false
 	}
 	if !lease.pmu.TryLock() {
 		return SettleResult{}, false // renewRecord is writing the record
 	}
-	if lease.recorded.Load() || !lease.localDone.CompareAndSwap(false, true) {
+	// keys is written by renewRecord under pmu (a record written, or
+	// perhaps written): read under it.
+	if lease.keys != nil || lease.recorded.Load() || !lease.localDone.CompareAndSwap(false, true) {
 		lease.pmu.Unlock()
 		return SettleResult{}, false
 	}
