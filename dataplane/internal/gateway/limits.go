@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -123,6 +124,67 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1
 	return out
 }
 
+// scopeCache holds the scopes limitScopes built for the requests of one
+// catalog (issue 15: built once per scope and snapshot, not per request).
+// The scopes depend only on catalog objects, which a snapshot never
+// changes, and the data plane's default fallback; a new catalog starts a
+// new cache. The cached slices are shared by concurrent requests: neither
+// the gateway nor the limiter writes into a Request's scopes (the limiter
+// copies what it keeps).
+type scopeCache struct {
+	cat *catalog.Catalog
+	m   sync.Map // scopeCacheKey → []limits.Scope
+	n   atomic.Int64
+}
+
+// maxCachedScopeSets bounds the entries of one catalog's cache; past it,
+// requests build their scopes as before.
+const maxCachedScopeSets = 1 << 16
+
+// scopeCacheKey is what a request's scopes are a function of (with the
+// catalog: its label scopes follow from the key).
+type scopeCacheKey struct {
+	key    *configv1.Key
+	user   *configv1.User
+	member *configv1.Member
+	team   *configv1.Team
+	org    *configv1.Org
+	cust   *configv1.Customer
+	group  string
+}
+
+// scopes returns the request's limit scopes (limitScopes), from the
+// handler's cache for the request's catalog. A JWT's principal carries a
+// key of its own per request: its scopes are built each time.
+func (x *exchange) scopes() []limits.Scope {
+	h, p := x.h, x.p
+	if x.cat == nil || strings.HasPrefix(p.Key.GetId(), "jwt:") {
+		return limitScopes(p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
+	}
+	c := h.scopes.Load()
+	if c == nil || c.cat != x.cat {
+		nc := &scopeCache{cat: x.cat}
+		if h.scopes.CompareAndSwap(c, nc) {
+			c = nc
+		} else if c = h.scopes.Load(); c.cat != x.cat {
+			// Another catalog won the race (a request of an older or a
+			// newer snapshot): no caching for this one.
+			return limitScopes(p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
+		}
+	}
+	k := scopeCacheKey{key: p.Key, user: p.User, member: p.Member, team: p.Team, org: p.Org, cust: x.cust, group: x.group}
+	if v, ok := c.m.Load(k); ok {
+		return v.([]limits.Scope)
+	}
+	scopes := limitScopes(p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
+	if c.n.Load() < maxCachedScopeSets {
+		if _, loaded := c.m.LoadOrStore(k, scopes); !loaded {
+			c.n.Add(1)
+		}
+	}
+	return scopes
+}
+
 // scopeArena is where limitScopes puts a request's first scopes and
 // budgets: one allocation for the usual key, team and org levels.
 type scopeArena struct {
@@ -202,7 +264,7 @@ func (x *exchange) estimate(cands []candidate) (tokens, maxCostMicros int64, e *
 // way.
 func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []candidate) *openai.Error {
 	h := x.h
-	scopes := limitScopes(x.p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
+	scopes := x.scopes()
 	if len(scopes) == 0 {
 		return nil
 	}
@@ -251,7 +313,8 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []can
 		}
 		if d.Allowed {
 			h.m.limitsFallback.WithLabelValues("admitted").Inc()
-			x.localReq = &req
+			lr := req // a copy: req itself stays off the heap
+			x.localReq = &lr
 		} else {
 			h.m.limitsFallback.WithLabelValues("rejected").Inc()
 		}
@@ -415,23 +478,25 @@ type rateHeaderSet struct {
 
 // rateHeaderCache holds the header values of the pairs of limits seen,
 // up to maxRateHeaderSets (then it starts over): limits change only with
-// the configuration.
-var rateHeaderCache struct {
-	mu sync.RWMutex
-	m  map[[2]int64]*rateHeaderSet
+// the configuration. Reads take no lock (a sync.Map read of a stable key).
+var rateHeaderCache atomic.Pointer[rateHeaderSets]
+
+type rateHeaderSets struct {
+	m sync.Map // [2]int64 → *rateHeaderSet
+	n atomic.Int64
 }
 
 const maxRateHeaderSets = 4096
 
 func rateHeaderValues(rpm, tpm int64) *rateHeaderSet {
 	k := [2]int64{rpm, tpm}
-	rateHeaderCache.mu.RLock()
-	v := rateHeaderCache.m[k]
-	rateHeaderCache.mu.RUnlock()
-	if v != nil {
-		return v
+	c := rateHeaderCache.Load()
+	if c != nil {
+		if v, ok := c.m.Load(k); ok {
+			return v.(*rateHeaderSet)
+		}
 	}
-	v = &rateHeaderSet{}
+	v := &rateHeaderSet{}
 	var policy []string
 	if rpm > 0 {
 		v.limitR = []string{strconv.FormatInt(rpm, 10)}
@@ -442,12 +507,17 @@ func rateHeaderValues(rpm, tpm int64) *rateHeaderSet {
 		policy = append(policy, `"tpm";q=`+v.limitT[0]+";w=60")
 	}
 	v.policy = []string{strings.Join(policy, ", ")}
-	rateHeaderCache.mu.Lock()
-	if rateHeaderCache.m == nil || len(rateHeaderCache.m) >= maxRateHeaderSets {
-		rateHeaderCache.m = make(map[[2]int64]*rateHeaderSet)
+	if c == nil || c.n.Load() >= maxRateHeaderSets {
+		nc := new(rateHeaderSets)
+		if !rateHeaderCache.CompareAndSwap(c, nc) {
+			return v // another request started over at the same moment
+		}
+		c = nc
 	}
-	rateHeaderCache.m[k] = v
-	rateHeaderCache.mu.Unlock()
+	if got, loaded := c.m.LoadOrStore(k, v); loaded {
+		return got.(*rateHeaderSet)
+	}
+	c.n.Add(1)
 	return v
 }
 
@@ -574,10 +644,12 @@ func (x *exchange) startRenewal() {
 // renewal runs another after it.
 type renewal struct {
 	x *exchange
-	// Guarded by the tick's mutex.
-	due     time.Time
-	kicked  bool
-	stopped bool
+	// Guarded by the tick's mutex: the schedule, and the links of the
+	// tick's set (nil when not in it).
+	due        time.Time
+	kicked     bool
+	stopped    bool
+	prev, next *renewal
 	// Only the tick's goroutine uses lastOK.
 	lastOK time.Time
 }

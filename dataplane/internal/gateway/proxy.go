@@ -258,6 +258,8 @@ type Handler struct {
 	settler *limits.Settler
 	// renewals renews the leases of live requests (renewtick.go).
 	renewals renewTick
+	// scopes caches the limit scopes of the current catalog (limits.go).
+	scopes atomic.Pointer[scopeCache]
 	// hot caches the series counted on every request (metrics.go).
 	hot            hotSeries
 	pendingCancels atomic.Int64

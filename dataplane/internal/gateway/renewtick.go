@@ -26,8 +26,12 @@ const renewTicksPerInterval = 4
 
 // renewTick holds the requests whose leases are renewed.
 type renewTick struct {
-	mu      sync.Mutex
-	set     map[*renewal]struct{}
+	mu sync.Mutex
+	// set lists the registered requests: a ring through renewal.prev and
+	// next around head (O(1) to add and remove, no hashing on the request
+	// path); n counts them.
+	head    renewal
+	n       int
 	running bool
 	wake    chan struct{}
 	// batches and renewed count the batches renewed and the requests in
@@ -40,12 +44,12 @@ type renewTick struct {
 func (t *renewTick) add(r *renewal, lim *limits.Limiter) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.set == nil {
-		t.set = map[*renewal]struct{}{}
+	if t.wake == nil {
 		t.wake = make(chan struct{}, 1)
+		t.head.prev, t.head.next = &t.head, &t.head
 	}
 	r.due = time.Now().Add(lim.RenewInterval())
-	t.set[r] = struct{}{}
+	t.link(r)
 	if !t.running {
 		t.running = true
 		go t.run(lim)
@@ -57,7 +61,25 @@ func (t *renewTick) remove(r *renewal) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r.stopped = true
-	delete(t.set, r)
+	t.unlink(r)
+}
+
+// link adds r to the set; t.mu held.
+func (t *renewTick) link(r *renewal) {
+	r.prev, r.next = t.head.prev, &t.head
+	t.head.prev.next = r
+	t.head.prev = r
+	t.n++
+}
+
+// unlink takes r out of the set if it is in; t.mu held.
+func (t *renewTick) unlink(r *renewal) {
+	if r.next == nil {
+		return
+	}
+	r.prev.next, r.next.prev = r.next, r.prev
+	r.prev, r.next = nil, nil
+	t.n--
 }
 
 // kick makes r due now: it is renewed at once, or right after the batch
@@ -80,7 +102,7 @@ func (t *renewTick) kick(r *renewal) {
 func (t *renewTick) registered() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return len(t.set)
+	return t.n
 }
 
 func (t *renewTick) run(lim *limits.Limiter) {
@@ -91,7 +113,7 @@ func (t *renewTick) run(lim *limits.Limiter) {
 	empty := 0 // ticks in a row that found no request
 	for {
 		t.mu.Lock()
-		if len(t.set) == 0 {
+		if t.n == 0 {
 			if empty++; empty > 1 {
 				t.running = false
 				t.mu.Unlock()
@@ -102,7 +124,7 @@ func (t *renewTick) run(lim *limits.Limiter) {
 		}
 		horizon := time.Now().Add(tick / 2)
 		var due []*renewal
-		for r := range t.set {
+		for r := t.head.next; r != &t.head; r = r.next {
 			if r.kicked || !r.due.After(horizon) {
 				r.kicked = false
 				due = append(due, r)
@@ -114,7 +136,7 @@ func (t *renewTick) run(lim *limits.Limiter) {
 		}
 		t.mu.Lock()
 		again := false
-		for r := range t.set {
+		for r := t.head.next; r != &t.head; r = r.next {
 			again = again || r.kicked
 		}
 		t.mu.Unlock()
@@ -165,7 +187,7 @@ func (t *renewTick) renew(lim *limits.Limiter, due []*renewal, interval time.Dur
 			r.due = time.Now().Add(interval)
 		} else {
 			r.stopped = true
-			delete(t.set, r)
+			t.unlink(r)
 		}
 		t.mu.Unlock()
 	}

@@ -683,13 +683,16 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		// and the scope indexes stay those of req.
 		return l.admitExact(ctx, req, units)
 	}
-	takes, rest, hdr, waits := l.slices.take(&req)
+	takes, rest, hdr, waits, lease := l.slices.take(&req)
 	if len(takes) == 0 {
 		units, _ = validate(&req) // valid: checked above
 		d, err := l.admitExact(ctx, req, units)
 		return l.slices.withWaits(d, err, waits), err
 	}
-	lease := &Lease{orgID: req.OrgID, requestID: req.RequestID, est: req.EstTokens, reserved: req.MaxCostMicros, local: takes}
+	if lease == nil {
+		lease = new(Lease)
+	}
+	lease.orgID, lease.requestID, lease.est, lease.reserved, lease.local = req.OrgID, req.RequestID, req.EstTokens, req.MaxCostMicros, takes
 	for _, tk := range takes {
 		lease.localTPM = lease.localTPM || tk.hasTPM
 		lease.localHold = lease.localHold || tk.kind != takeRate

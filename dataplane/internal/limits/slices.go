@@ -512,7 +512,10 @@ func sameBudget(a, b *Budget) bool {
 // zeroed; scopes left with nothing to check left out). headers are the
 // local rate headers of the scopes taken. Limits that could not be taken
 // record their demand, so the worker carves for them.
-func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders, waits []*sliceScope) {
+//
+// lease, when not nil, is allocated with the takes (one allocation):
+// Admit uses it for a request admitted entirely from slices.
+func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHeaders, waits []*sliceScope, lease *Lease) {
 	now := s.now()
 	// left[i] is what scope i still needs Redis for (a bit per kind:
 	// rate, budget, concurrency); the rest is built only when some scope
@@ -558,12 +561,18 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			continue
 		}
 		if takes == nil {
-			// At most one take per kind sliced of this scope and the next.
+			// At most one take per kind sliced of this scope and the next,
+			// allocated with the lease of a request that fits its slices.
 			n := 0
 			for j := i; j < len(req.Scopes); j++ {
 				n += boolInt(s.rateOK(&req.Scopes[j])) + boolInt(s.budgetOK(&req.Scopes[j])) + boolInt(s.parOK(&req.Scopes[j]))
 			}
-			takes = make([]sliceTake, 0, n)
+			if n <= len(slicedLease{}.takes) {
+				sl := new(slicedLease)
+				lease, takes = &sl.lease, sl.takes[:0:n]
+			} else {
+				takes = make([]sliceTake, 0, n)
+			}
 		}
 		st := s.scope(req.OrgID, sc)
 		st.mu.Lock()
@@ -654,10 +663,10 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		anyLeft = anyLeft || lf != 0
 	}
 	if len(takes) == 0 {
-		return nil, req.Scopes, hdr, waits
+		return nil, req.Scopes, hdr, waits, nil
 	}
 	if !anyLeft {
-		return takes, nil, hdr, waits
+		return takes, nil, hdr, waits, lease
 	}
 	// The scopes with anything left, without the limits taken locally.
 	for i, sc := range req.Scopes {
@@ -679,7 +688,15 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 		}
 		rest = append(rest, sc)
 	}
-	return takes, rest, hdr, waits
+	return takes, rest, hdr, waits, lease
+}
+
+// slicedLease is the lease of a request admitted from slices and its
+// takes, allocated together: the usual key, team and org levels with all
+// four kinds of limits make nine takes.
+type slicedLease struct {
+	lease Lease
+	takes [12]sliceTake
 }
 
 func boolInt(b bool) int {
