@@ -80,7 +80,8 @@ var (
 )
 
 // DialError reports that no connection could be made or set up (dial,
-// TLS, AUTH, SELECT): the call's command was never sent.
+// TLS, AUTH, SELECT), or that the call's context had ended before it was
+// sent: the call's command was never sent.
 type DialError struct{ Err error }
 
 func (e *DialError) Error() string { return "redispipe: connect: " + e.Err.Error() }
@@ -261,6 +262,12 @@ func (c *Client) DoMulti(ctx context.Context, cmds []Cmd) ([]Value, []error) {
 func (c *Client) send(ctx context.Context, cls []*call, enc func([]byte) ([]byte, error)) (*conn, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
+	}
+	// A call whose context already ended is not sent: on a live connection
+	// its reply could otherwise win the race with ctx.Done in wait, and a
+	// caller past its deadline would get an answer it no longer waits for.
+	if err := ctx.Err(); err != nil {
+		return nil, &DialError{Err: fmt.Errorf("not sent: %w", err)}
 	}
 	s := c.slots[0]
 	if len(c.slots) > 1 {

@@ -495,3 +495,28 @@ func TestParseURL(t *testing.T) {
 	_, err = New(Options{Addr: "x", Network: "udp"})
 	require.ErrorContains(t, err, "want tcp or unix")
 }
+
+// TestEndedContextIsNotSent: a call whose context has already ended gets a
+// DialError and its command never reaches Redis, even on a live connection
+// whose reply would arrive at once (before, the reply could win the race
+// with ctx.Done, and an expired call was answered).
+func TestEndedContextIsNotSent(t *testing.T) {
+	c := newClient(t, Options{})
+	p := prefix(t)
+	ctx := ctxT(t, 5*time.Second)
+	_, err := c.Do(ctx, "PING") // the connection is live
+	require.NoError(t, err)
+	ended, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	for i := range 200 {
+		_, err := c.Do(ended, "INCR", p+"n")
+		var de *DialError
+		require.ErrorAs(t, err, &de, "call %d", i)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		_, errs := c.DoMulti(ended, []Cmd{{Args: []any{"INCR", p + "n"}}})
+		require.ErrorAs(t, errs[0], &de, "call %d", i)
+	}
+	v, err := c.Do(ctx, "EXISTS", p+"n")
+	require.NoError(t, err)
+	require.Equal(t, int64(0), v.Int, "no INCR was sent")
+}
