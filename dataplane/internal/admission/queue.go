@@ -254,10 +254,6 @@ type groupQueue struct {
 	// requests leaving the queue admitted (EWMA).
 	lastOut  time.Time
 	interval time.Duration
-	// released is when a slot (or prefill room) of the group was last
-	// released while requests waited (Notify): after lastOut, the
-	// request admitted last is done and the head's slot is free.
-	released time.Time
 	// unwatch ends the group's release subscription (nil: none); linger
 	// is the timer that ends it once the queue stayed empty.
 	unwatch func()
@@ -304,7 +300,6 @@ func (q *Queues) Notify(group string) {
 	// waiting): with none, every release of the group (once per request)
 	// would replace the channel for nobody.
 	if g := q.groups[group]; g != nil && !g.empty() {
-		g.released = time.Now()
 		close(g.wake)
 		g.wake = make(chan struct{})
 	}
@@ -454,16 +449,10 @@ func (g *groupQueue) position(w *waiter) int {
 // the time between admissions), the next one interval after the last, so
 // pos × interval after the last admission, less the time since (at most
 // one interval: a queue that admitted nothing for longer is overdue, not
-// faster); once a slot was released since the last admission, the next
-// admission is due now, so (pos − 1) × interval (the head timing out just
-// as the slot it waited for freed: its wait was over). Else hint. At
-// least 100 ms, at most the class's timeout.
+// faster); else hint. At least 100 ms, at most the class's timeout.
 func (g *groupQueue) retryAfter(pos int, b Bound, hint time.Duration) time.Duration {
 	ra := hint
-	switch {
-	case g.interval > 0 && g.released.After(g.lastOut):
-		ra = time.Duration(pos-1) * g.interval
-	case g.interval > 0:
+	if g.interval > 0 {
 		ra = time.Duration(pos)*g.interval - min(time.Since(g.lastOut), g.interval)
 	}
 	return min(max(ra, 100*time.Millisecond), b.Timeout)

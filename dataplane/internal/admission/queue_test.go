@@ -229,8 +229,7 @@ func TestFairShareWithinClass(t *testing.T) {
 // TestRetryAfterFromPosition: a shed waiter's retry-after is its own place
 // in line (higher classes first, then its class's earlier arrivals) times
 // the drain interval, counted from the last admission (less the time
-// since, at most one interval), or from now once a slot was released
-// since that admission, within [100 ms, timeout].
+// since, at most one interval), within [100 ms, timeout].
 func TestRetryAfterFromPosition(t *testing.T) {
 	t.Parallel()
 	g := &groupQueue{interval: 300 * time.Millisecond, lastOut: time.Now()}
@@ -251,12 +250,4 @@ func TestRetryAfterFromPosition(t *testing.T) {
 	require.Equal(t, 100*time.Millisecond, g.retryAfter(1, b, time.Second), "the floor")
 	require.Equal(t, 500*time.Millisecond, g.retryAfter(g.position(a3), Bound{MaxLength: 10, Timeout: 500 * time.Millisecond}, time.Second), "at most the timeout")
 	require.Equal(t, 2*time.Second, (&groupQueue{}).retryAfter(3, b, 2*time.Second), "no drain observed: the hint")
-	// A slot released since the last admission: the request admitted last
-	// is done, the next admission is due now.
-	g.lastOut = time.Now().Add(-100 * time.Millisecond)
-	g.released = time.Now()
-	require.Equal(t, 600*time.Millisecond, g.retryAfter(g.position(a2), b, time.Second), "two ahead, the slot free")
-	require.Equal(t, 100*time.Millisecond, g.retryAfter(1, b, time.Second), "the head: its slot is free (the floor)")
-	g.lastOut = time.Now() // the release was taken
-	require.InDelta(t, float64(900*time.Millisecond), float64(g.retryAfter(g.position(a2), b, time.Second)), float64(50*time.Millisecond))
 }
