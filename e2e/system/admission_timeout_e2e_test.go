@@ -28,7 +28,11 @@ import (
 // under 50 ms gets the retry-after's floor, 100 ms (docs/traffic.md).
 // Sheds of the first 2 s after the queue starts draining are not held to
 // the 2× bound (the drain rate is not observed yet); the timeout bound
-// holds for them too.
+// holds for them too. Ahead means sent earlier by the clients' clocks,
+// which is not always the proxy's order: a shed with nothing seen ahead
+// (the slot freed as it timed out, or a request sent in the same moment
+// reached the proxy first) is held to at most 2× the wait until the next
+// request served finished.
 func TestAdmissionQueueTimeoutBounds(t *testing.T) {
 	t.Parallel()
 	const timeout = time.Second
@@ -120,7 +124,7 @@ func TestAdmissionQueueTimeoutBounds(t *testing.T) {
 	cancel()
 	wg.Wait()
 	const minRetryAfter = 100 * time.Millisecond
-	floored := 0
+	floored, unseen := 0, 0
 	for i, x := range sheds {
 		took := x.done.Sub(x.at)
 		var real time.Duration
@@ -135,7 +139,25 @@ func TestAdmissionQueueTimeoutBounds(t *testing.T) {
 			i, took.Round(time.Millisecond), timeout, x.ra, real.Round(time.Millisecond), ahead, float64(x.ra)/float64(real))
 		assert.GreaterOrEqual(t, took, timeout, "shed %d before its timeout", i)
 		assert.Positive(t, x.ra, "shed %d: no retry-after-ms", i)
-		assert.Positive(t, ahead, "shed %d: nothing was ahead of it", i)
+		if ahead == 0 {
+			// Nothing the client saw was ahead of it: either the slot
+			// freed as it timed out (its wait was over: the floor), or a
+			// request sent in the same moment reached the proxy first
+			// (the clients' send order is not the proxy's arrival order)
+			// and held the slot. Either way its real wait was at most
+			// until the next request served finished.
+			next := time.Duration(-1)
+			for _, s := range reqs {
+				if s.status == http.StatusOK && s.done.After(x.done) && (next < 0 || s.done.Sub(x.done) < next) {
+					next = s.done.Sub(x.done)
+				}
+			}
+			t.Logf("shed %d: answered %s after sending, retry-after %s, nothing seen ahead, next served %s later",
+				i, took.Round(time.Millisecond), x.ra, next.Round(time.Millisecond))
+			assert.LessOrEqual(t, x.ra, max(2*next, minRetryAfter), "shed %d: retry-after %s above 2× the wait until the next request served (%s)", i, x.ra, next)
+			unseen++
+			continue
+		}
 		if real < minRetryAfter/2 {
 			// The retry-after's floor (100 ms) is above 2× such a wait.
 			assert.Equal(t, minRetryAfter, x.ra, "shed %d", i)
@@ -145,6 +167,7 @@ func TestAdmissionQueueTimeoutBounds(t *testing.T) {
 		assert.LessOrEqual(t, x.ra, 2*real, "shed %d: retry-after %s above 2× the real wait %s", i, x.ra, real)
 		assert.GreaterOrEqual(t, 2*x.ra, real, "shed %d: retry-after %s below half the real wait %s", i, x.ra, real)
 	}
-	t.Logf("worst answer past the timeout over %d sheds: %s; %d of %d sheds had a real wait under half the 100 ms retry-after floor", allSheds, worst, floored, len(sheds))
+	t.Logf("worst answer past the timeout over %d sheds: %s; %d of %d sheds had a real wait under half the 100 ms retry-after floor, %d nothing seen ahead",
+		allSheds, worst, floored, len(sheds), unseen)
 	require.LessOrEqual(t, worst, 50*time.Millisecond, "a request waited longer than its timeout + 50 ms")
 }

@@ -540,18 +540,36 @@ func (s *Store) PinSession(ctx context.Context, pinKey, deployment string, ttl t
 }
 
 // Place counts a new session in the session set of the deployment it was
-// placed on while its first turn runs (its pin is written when the turn
+// placed on while its turn runs (its pin is written when the turn
 // succeeds: PinSession), for PlaceTTL at most, so the sessions placed
-// after it see it. The set's expiry is left as it is (a pin sets it).
-func (s *Store) Place(ctx context.Context, sessionsKey, pinKey string, now time.Time) error {
+// after it see it, and a next turn of the session that reads no pin yet
+// (Lookup.Member) stays there. from, when set, is the session set of the
+// deployment it was placed on before (an earlier attempt of the same
+// turn): the placement moves, in the same pipelined call. The score only
+// grows (ZADD GT): a placement never shortens the entry of a pin written
+// meanwhile. The set's expiry is left as it is (a pin sets it).
+func (s *Store) Place(ctx context.Context, sessionsKey, pinKey, from string, now time.Time) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
 	exp := now.Add(PlaceTTL).UnixMilli()
+	move := from != "" && from != sessionsKey
 	if c := s.cfg.Conn.Cluster; c != nil {
-		return c.ZAdd(ctx, sessionsKey, redis.Z{Score: float64(exp), Member: pinKey}).Err()
+		// The two sets are on their deployments' own slots: a Cluster
+		// pipeline sends each node its own command.
+		pipe := c.Pipeline()
+		pipe.ZAddGT(ctx, sessionsKey, redis.Z{Score: float64(exp), Member: pinKey})
+		if move {
+			pipe.ZRem(ctx, from, pinKey)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
 	}
-	_, err := s.cfg.Conn.Pipe.Do(ctx, "ZADD", sessionsKey, exp, pinKey)
-	return err
+	cmds := []redispipe.Cmd{{Args: []any{"ZADD", sessionsKey, "GT", exp, pinKey}}}
+	if move {
+		cmds = append(cmds, redispipe.Cmd{Args: []any{"ZREM", from, pinKey}})
+	}
+	_, errs := s.cfg.Conn.Pipe.DoMulti(ctx, cmds)
+	return errors.Join(errs...)
 }
 
 // Unplace withdraws a placement (Place) whose turn failed: the session

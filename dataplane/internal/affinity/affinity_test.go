@@ -213,8 +213,8 @@ func testStoreSessions(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalCl
 	// An expired member is not counted, and the pin's call trims it.
 	rdb.ZAdd(ctx, d1, redis.Z{Score: float64(now.Add(-time.Second).UnixMilli()), Member: "old"})
 	require.NoError(t, s.PinSession(ctx, k1, "d1", time.Hour, SessionWrite{Sessions: d1, Turn: &Turn{Prompt: 10, Completion: 2, Estimate: 9}}, now))
-	require.NoError(t, s.Place(ctx, d1, k2, now))
-	require.NoError(t, s.Place(ctx, d2, k3, now))
+	require.NoError(t, s.Place(ctx, d1, k2, "", now))
+	require.NoError(t, s.Place(ctx, d2, k3, "", now))
 	got, err := s.LookupKeys(ctx, Keys{Pin: k1, Sessions: []string{d1, d2}}, now)
 	require.NoError(t, err)
 	require.Equal(t, "d1", got.Pinned)
@@ -229,8 +229,20 @@ func testStoreSessions(t *testing.T, conn *redisconn.Conn, rdb redis.UniversalCl
 	require.Greater(t, ttl, 59*time.Minute)
 	// s2 placed on d1 but served by d2: the pin's call moves it.
 	require.NoError(t, s.PinSession(ctx, k2, "d2", time.Hour, SessionWrite{Sessions: d2, Placed: d1}, now))
+	// A placement never shortens the entry of a pin (ZADD GT): s1 keeps
+	// its pin's expiry on d1.
+	require.NoError(t, s.Place(ctx, d1, k1, "", now))
+	score, err := rdb.ZScore(ctx, d1, k1).Result()
+	require.NoError(t, err)
+	require.Equal(t, float64(now.Add(time.Hour).UnixMilli()), score)
+	// s3's next attempt went to d1: its placement moves there.
+	require.NoError(t, s.Place(ctx, d1, k3, d2, now))
+	got, err = s.LookupKeys(ctx, Keys{Pin: k3, Sessions: []string{d1, d2}}, now)
+	require.NoError(t, err)
+	require.Equal(t, []int64{2, 1}, got.Sessions, "s1 and s3 on d1, s2 on d2")
+	require.Equal(t, []bool{true, false}, got.Member, "s3 moved to d1")
 	// s3's turn failed: its placement is withdrawn.
-	require.NoError(t, s.Unplace(ctx, d2, k3))
+	require.NoError(t, s.Unplace(ctx, d1, k3))
 	got, err = s.LookupKeys(ctx, Keys{Pin: k2, Sessions: []string{d1, d2}}, now)
 	require.NoError(t, err)
 	require.Equal(t, []int64{1, 1}, got.Sessions)

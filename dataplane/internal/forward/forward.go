@@ -65,7 +65,8 @@ type Exchange interface {
 	// UpstreamAnswered records whether an upstream answer may be charged
 	// (it sent response headers and generated something).
 	UpstreamAnswered(bool)
-	// Relaying records that a 2xx answer is being relayed (streamed: SSE).
+	// Relaying records that a 2xx answer is being relayed (streamed: SSE);
+	// nothing of the answer has reached the client yet.
 	Relaying(streamed bool)
 	// FirstByte records that the first event of a stream was relayed.
 	FirstByte()

@@ -88,9 +88,13 @@ type affinityState struct {
 	sessionIDs []string
 	// placing: the request is a new session (no pin, or a pin to a gone
 	// deployment) placed on the live sessions; placed is the deployment
-	// its placement was counted on (placeSession).
+	// its placement was counted on (placeSession: the deployment of its
+	// latest attempt).
 	placing bool
 	placed  string
+	// placeWrite is closed once the placement write in flight is done
+	// (nil: none in flight).
+	placeWrite chan struct{}
 }
 
 type affinityLookup struct {
@@ -339,23 +343,58 @@ func (x *exchange) bySessions(out []candidate, loaded []routing.Loaded, res affi
 	return out
 }
 
-// placeSession counts a new session on the deployment ordered first
-// while its first turn runs (off the request path: the write goes out
-// beside the forward), so that the sessions placed after it see it
-// before its pin is written. Not in Explain.
-func (x *exchange) placeSession() {
+// placeSession counts a new session on dep, the deployment an attempt
+// was just given, while its turn runs, so that the sessions placed after
+// it see it before its pin is written, and so that the session's next
+// turn, through any proxy, stays on dep though it reads no pin yet (the
+// pin is written after the answer, off the request path): a placement
+// made by an earlier attempt of the turn moves to dep. The write goes out
+// beside the forward; awaitPlacement holds the answer until Redis took
+// it. Not in Explain.
+func (x *exchange) placeSession(dep string) {
 	a := &x.aff
 	store := x.h.cfg.Affinity
-	if !a.placing || a.first == "" || store == nil || a.placed != "" {
+	// A session whose pin could not be read is counted where it went
+	// too (kept after the turn, no pin written): its next turn that reads
+	// no pin stays there instead of being placed anew, maybe elsewhere.
+	if !(a.placing || a.pinUnknown && a.pinKey != "") || store == nil || a.placed == dep {
 		return
 	}
-	a.placed = a.first
-	key, pinKey, log, id := store.SessionsKey(a.first), a.pinKey, x.h.log, x.id
+	// One placement write at a time: an earlier attempt's must land
+	// before this one moves it.
+	if a.placeWrite != nil {
+		<-a.placeWrite
+	}
+	var from string
+	if a.placed != "" {
+		from = store.SessionsKey(a.placed)
+	}
+	a.placed = dep
+	done := make(chan struct{})
+	a.placeWrite = done
+	key, pinKey, log, id := store.SessionsKey(dep), a.pinKey, x.h.log, x.id
 	go func() {
-		if err := store.Place(context.Background(), key, pinKey, time.Now()); err != nil {
-			log.Warn("session placement not counted", "request_id", id, "error", err)
+		defer close(done)
+		if err := store.Place(context.Background(), key, pinKey, from, time.Now()); err != nil {
+			log.Warn("session placement not counted", "request_id", id, "deployment", dep, "error", err)
 		}
 	}()
+}
+
+// awaitPlacement waits for the pending placement write (placeSession),
+// bounded by the affinity call timeout. It runs before the first byte of
+// a 2xx answer reaches the client: a client that has its answer and sends
+// the session's next turn at once, through any proxy, finds the session
+// counted where this turn went (without it, a next turn sent before the
+// write landed was placed again, maybe elsewhere, and its pin then moved
+// the session for good). The write was sent when the attempt started, so
+// it has usually landed long before the engine answers. Not for a
+// session whose lookup failed: its Redis is slow, the answer is not held.
+func (x *exchange) awaitPlacement() {
+	if done := x.aff.placeWrite; done != nil && !x.aff.pinUnknown {
+		<-done
+		x.aff.placeWrite = nil
+	}
 }
 
 func groupHas(cat *catalog.Catalog, group, id string) bool {
@@ -427,11 +466,15 @@ func (x *exchange) settleAffinity() {
 		x.h.affm.decisions.WithLabelValues(x.affKind(), outcome).Inc()
 	}
 	store := x.h.cfg.Affinity
-	if store != nil && a.placed != "" && (!write || !ok || a.pinKey == "") {
+	if store != nil && a.placed != "" && (!ok || !write && !a.pinUnknown || a.pinKey == "") {
 		// The new session's turn failed: it has no pin, and its
-		// placement no longer counts.
-		key, pinKey, log, id := store.SessionsKey(a.placed), a.pinKey, x.h.log, x.id
+		// placement no longer counts. (A session whose pin was not read
+		// keeps its placement: PlaceTTL at most.)
+		key, pinKey, log, id, pending := store.SessionsKey(a.placed), a.pinKey, x.h.log, x.id, a.placeWrite
 		go func() {
+			if pending != nil {
+				<-pending // withdrawn after it landed, not before
+			}
 			if err := store.Unplace(context.Background(), key, pinKey); err != nil {
 				log.Warn("session placement not withdrawn", "request_id", id, "error", err)
 			}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/sluicegw/sluice/dataplane/internal/affinity"
@@ -299,4 +302,111 @@ func TestPlainPathNoAffinityRedis(t *testing.T) {
 	at := relay.sent.Load()
 	ae.call(chatBody("g", ""), "x-session-id", "s-plain")
 	require.Greater(t, relay.sent.Load(), at)
+}
+
+// peer starts a second proxy of ae's fleet: the same catalog, limits,
+// usage sink and Redis prefix, and its own affinity store on a direct
+// connection to Redis.
+func (ae *affinityEnv) peer() *httptest.Server {
+	t := ae.t
+	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pipe.Close() })
+	store, err := affinity.New(affinity.Config{Conn: &redisconn.Conn{Pipe: pipe}, KeyPrefix: ae.prefix, CallTimeout: slowCallTimeout})
+	require.NoError(t, err)
+	cfg := ae.h.cfg
+	cfg.Affinity, cfg.Registerer, cfg.InstanceID = store, prometheus.NewRegistry(), "i2"
+	h, err := New(cfg)
+	require.NoError(t, err)
+	mux := http.NewServeMux()
+	h.Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	settled := make(chan struct{})
+	go func() { defer close(settled); _ = h.RunSettler(ctx) }()
+	t.Cleanup(func() { cancel(); <-settled })
+	return srv
+}
+
+// callVia is call through the proxy at url.
+func (ae *affinityEnv) callVia(url, body string, hdr ...string) *usagev1.UsageEvent {
+	ae.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(ae.t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+ae.tok)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(ae.t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	require.Equal(ae.t, http.StatusOK, resp.StatusCode)
+	return ae.sink.byID(ae.t, resp.Header.Get(oai.RequestIDHeader))
+}
+
+// A new session's second turn, sent through another proxy the moment the
+// first turn's answer arrived, stays on the first turn's deployment even
+// when the first proxy's writes reach Redis late (its affinity commands
+// held back by a relay): the first turn's placement is in Redis before
+// its answer leaves (awaitPlacement). Meanwhile other sessions were
+// placed on that deployment, so a second turn that found neither pin nor
+// placement would be placed elsewhere. (Before, the placement was written
+// beside the answer, and the pin after it, both fire-and-forget: such a
+// second turn was placed again, elsewhere, and its pin moved the session
+// for good; TestAffinitySessionsAcrossProxies saw 61 of 72 turns on their
+// session's engine under load.)
+func TestNewSessionNextTurnAcrossProxies(t *testing.T) {
+	relay := startSlowCommandRelay(t)
+	ae := newAffinityEnvVia(t, relay.addr(), 3*slowCallTimeout, nil)
+	b := ae.peer()
+	ctx := context.Background()
+	live := func(n int) float64 { return float64(time.Now().Add(time.Hour).UnixMilli() + int64(n)) }
+	// d2 holds one session: the new session goes to d1.
+	require.NoError(t, ae.rdb.ZAdd(ctx, ae.store.SessionsKey("d2"), redis.Z{Score: live(0), Member: "other-0"}).Err())
+	relay.setDelay(slowCallTimeout) // every affinity command of proxy A lands a second late (within its 3 s deadline)
+	first := ae.call(chatBody("g", ""), "x-session-id", "s-across")
+	// Two sessions placed on d1 meanwhile (by other proxies): a second
+	// turn that saw nothing of the first would go to d2.
+	require.NoError(t, ae.rdb.ZAdd(ctx, ae.store.SessionsKey("d1"), redis.Z{Score: live(1), Member: "other-1"}, redis.Z{Score: live(2), Member: "other-2"}).Err())
+	second := ae.callVia(b.URL, chatBody("g", ""), "x-session-id", "s-across")
+	require.Equal(t, "d1", first.DeploymentId)
+	require.Equal(t, reasonLoad, first.RoutingReason)
+	require.Equal(t, "d1", second.DeploymentId, "the session's second turn moved")
+	ae.waitPin("s-across", "d1")
+	relay.setDelay(0)
+}
+
+// A new session whose first turn's lookup timed out (routed on the
+// proxy's own loads, no pin written: it might exist) is still counted
+// where that turn went, so its next turn, through another proxy with
+// Redis answering, reads no pin but stays there instead of being placed
+// anew on the live sessions (meanwhile lower elsewhere). (Before, nothing
+// was written for it, and the next turn's placement could move the
+// session for good.)
+func TestNewSessionSlowLookupNextTurnStays(t *testing.T) {
+	relay := startSlowRelay(t)
+	ae := newAffinityEnvVia(t, relay.addr(), slowCallTimeout, nil)
+	b := ae.peer()
+	const session = "slow-first-turn"
+	placed, other := placement(session)
+	relay.setDelay(3 * slowCallTimeout) // the lookup times out
+	first := ae.call(chatBody("g", ""), "x-session-id", session)
+	require.Equal(t, placed, first.DeploymentId, "a turn whose lookup timed out goes where a new session would")
+	ctx := context.Background()
+	pinKey := ae.store.PinKey("o1", "g", session)
+	waitFor(t, "the session counted on "+placed, func() bool {
+		return ae.rdb.ZScore(ctx, ae.store.SessionsKey(placed), pinKey).Err() == nil
+	})
+	require.Empty(t, ae.pin(session), "no pin written over one that could not be read")
+	// Two sessions placed on the first turn's deployment meanwhile: placed
+	// anew, the next turn would go to the other one.
+	live := float64(time.Now().Add(time.Hour).UnixMilli())
+	require.NoError(t, ae.rdb.ZAdd(ctx, ae.store.SessionsKey(placed), redis.Z{Score: live, Member: "other-1"}, redis.Z{Score: live, Member: "other-2"}).Err())
+	second := ae.callVia(b.URL, chatBody("g", ""), "x-session-id", session)
+	require.Equal(t, placed, second.DeploymentId, "the session's second turn moved to %s", other)
+	ae.waitPin(session, placed)
+	relay.setDelay(0)
 }

@@ -19,7 +19,8 @@ import (
 
 // slowRelay relays TCP connections to Redis, holding back every reply by
 // a settable delay (commands reach Redis at once): a Redis that answers
-// slower than a call's deadline.
+// slower than a call's deadline (startSlowCommandRelay: the commands held
+// back instead).
 type slowRelay struct {
 	ln    net.Listener
 	delay atomic.Int64 // ns
@@ -30,7 +31,13 @@ type slowRelay struct {
 	conns []net.Conn
 }
 
-func startSlowRelay(t *testing.T) *slowRelay {
+func startSlowRelay(t *testing.T) *slowRelay { return startRelay(t, false) }
+
+// startSlowCommandRelay is startSlowRelay delaying the other way: the
+// commands on their way to Redis (a write lands late), the replies not.
+func startSlowCommandRelay(t *testing.T) *slowRelay { return startRelay(t, true) }
+
+func startRelay(t *testing.T, commands bool) *slowRelay {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -63,8 +70,8 @@ func startSlowRelay(t *testing.T) *slowRelay {
 			r.conns = append(r.conns, c, up)
 			r.mu.Unlock()
 			wg.Add(2)
-			go func() { defer wg.Done(); r.pump(up, c, false) }()
-			go func() { defer wg.Done(); r.pump(c, up, true) }()
+			go func() { defer wg.Done(); r.pump(up, c, commands, true) }()
+			go func() { defer wg.Done(); r.pump(c, up, !commands, false) }()
 		}
 	}()
 	return r
@@ -75,8 +82,9 @@ func (r *slowRelay) addr() string { return r.ln.Addr().String() }
 func (r *slowRelay) setDelay(d time.Duration) { r.delay.Store(int64(d)) }
 
 // pump copies src to dst, each chunk held back by the delay current when
-// it was read if delayed (order kept), then closes both.
-func (r *slowRelay) pump(dst, src net.Conn, delayed bool) {
+// it was read if delayed (order kept), then closes both; toRedis: src is
+// the client (its bytes count in sent).
+func (r *slowRelay) pump(dst, src net.Conn, delayed, toRedis bool) {
 	defer func() { _ = dst.Close(); _ = src.Close() }()
 	type chunk struct {
 		b  []byte
@@ -89,7 +97,7 @@ func (r *slowRelay) pump(dst, src net.Conn, delayed bool) {
 			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
-				if !delayed {
+				if toRedis {
 					r.sent.Add(int64(n))
 				}
 				c := chunk{b: buf[:n], at: time.Now()}

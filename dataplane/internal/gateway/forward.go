@@ -101,6 +101,7 @@ func (x *exchange) attemptAll(ctx, clientCtx context.Context, w http.ResponseWri
 		w.Header().Set(openai.HeaderAttempts, strconv.Itoa(x.attempts))
 		w.Header().Set(openai.HeaderModelGroup, c.d.GetModelGroup())
 		x.dep = c.d
+		x.placeSession(c.d.GetId()) // a new session counts on the deployment while its turn runs (affinity.go)
 		x.progressAttempt()
 		out := x.attemptHeld(ctx, clientCtx, w, c)
 		h.attemptSeries(c.d.GetId(), state, x.attemptOutcome(out)).Inc()
@@ -397,11 +398,18 @@ func (x *exchange) RequestID() string                 { return x.id }
 func (x *exchange) Route() string                     { return x.route }
 func (x *exchange) Request() *openai.Request          { return x.req }
 func (x *exchange) UpstreamAnswered(b bool)           { x.upstreamAnswered = b }
-func (x *exchange) Relaying(streamed bool)            { x.progressAnswer(streamed) }
 func (x *exchange) Usage(u *openai.Usage)             { x.setUsage(u) }
 func (x *exchange) SetStatus(status int)              { x.status = status }
 func (x *exchange) SetErrorCode(code string)          { x.errCode = code }
 func (x *exchange) SetResult(status int, code string) { x.status, x.errCode = status, code }
+
+// Relaying is called before anything of a 2xx answer reaches the client:
+// a new session's placement is in Redis before the client can send its
+// next turn (awaitPlacement).
+func (x *exchange) Relaying(streamed bool) {
+	x.awaitPlacement()
+	x.progressAnswer(streamed)
+}
 
 // FirstByte records the stream's time to first token (once).
 func (x *exchange) FirstByte() {

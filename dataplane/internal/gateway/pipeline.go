@@ -212,7 +212,6 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) *openai.Error {
 		return e
 	}
 	cands = x.chainOrder(cat, best, rest, fallbacks) // session pin, prefix, bounded load (affinity.go); the rest after
-	x.placeSession()                                 // a new session counts on its deployment while its first turn runs
 	if x.lease != nil {
 		x.leases.main = x.lease
 		x.startRenewal()
