@@ -92,6 +92,10 @@ type affinityState struct {
 	// latest attempt).
 	placing bool
 	placed  string
+	// member is the candidate a new session already counts on (bySessions:
+	// its earlier turn placed it there, or its pin's write was not read
+	// yet), ordered first; "": none.
+	member string
 	// placeWrite is closed once the placement write in flight is done
 	// (nil: none in flight).
 	placeWrite chan struct{}
@@ -209,8 +213,11 @@ func (x *exchange) orderCandidates(cat *catalog.Catalog, cands []candidate) []ca
 	out := x.orderByStrategy(cat, cands)
 	// A session on its pin stays there: its engine holds the
 	// conversation's prefix, which the prefill estimate of a busy engine
-	// does not outweigh (docs/traffic.md, "Prefill in flight").
-	if !x.prefillOrdered() || len(out) < 2 || x.aff.reason == reasonSession {
+	// does not outweigh (docs/traffic.md, "Prefill in flight"). So does a
+	// session on the deployment it already counts on without a pin read
+	// (its previous turn's pin not written yet): moved by prefill, its pin
+	// would then be written there, moving the session for good.
+	if !x.prefillOrdered() || len(out) < 2 || x.aff.reason == reasonSession || x.aff.member != "" && out[0].d.GetId() == x.aff.member {
 		return out
 	}
 	look, fresh := x.awaitLookup()
@@ -323,7 +330,7 @@ func (x *exchange) bySessions(out []candidate, loaded []routing.Loaded, res affi
 			return out // a candidate the lookup did not ask about
 		}
 	}
-	a.placing = true
+	a.placing, a.member = true, member
 	slices.SortStableFunc(out, func(p, q candidate) int {
 		// The session already counts there (placed while an earlier turn
 		// ran, or pinned by a write this lookup did not see yet): it

@@ -410,3 +410,34 @@ func TestNewSessionSlowLookupNextTurnStays(t *testing.T) {
 	ae.waitPin(session, placed)
 	relay.setDelay(0)
 }
+
+// An interactive session's next turn that reads no pin yet (its first
+// turn's pin is written after the answer) but finds the session counted
+// on a deployment stays there, however much more prefill in flight that
+// deployment has: the prefill order moves new sessions only. (Before, it
+// moved this turn too, and its pin then moved the session for good: the
+// flaky "61 of 72" of TestAffinitySessionsAcrossProxies, a turn 0's
+// prefill still counted on its engine when turn 1 looked.)
+func TestPlacedSessionNotMovedByPrefill(t *testing.T) {
+	ae := newAffinityEnv(t, func(d *configv1.Deployment) { d.MaxConcurrency = 4 })
+	ae.setClass(classInteractive)
+	ctx := context.Background()
+	// d1 has far more prefill in flight than d2 (other sessions' prompts
+	// waiting for their first token).
+	require.NoError(t, ae.rdb.HSet(ctx, ae.lim.DeploymentPrefillKey("d1"), limits.PrefillField, 100_000).Err())
+	// The control: a new session that counts nowhere goes to d2, whatever
+	// its rendezvous choice.
+	for i := range 4 {
+		ev := ae.call(chatBody("g", ""), "x-session-id", "fresh-"+strconv.Itoa(i))
+		require.Equal(t, "d2", ev.DeploymentId, "a new session is placed by prefill in flight")
+	}
+	// A session whose first turn was placed on d1, its pin not written
+	// yet: its next turn stays on d1, and pins it there.
+	const session = "placed-on-d1"
+	pinKey := ae.store.PinKey("o1", "g", session)
+	require.NoError(t, ae.store.Place(ctx, ae.store.SessionsKey("d1"), pinKey, "", time.Now()))
+	ev := ae.call(chatBody("g", ""), "x-session-id", session)
+	require.Equal(t, "d1", ev.DeploymentId, "the session's next turn moved off the deployment it counts on")
+	require.Equal(t, reasonLoad, ev.RoutingReason)
+	ae.waitPin(session, "d1")
+}
