@@ -1001,6 +1001,12 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 	beat := make(chan struct{})
 	go func() { defer close(beat); s.heartbeat(hctx) }()
 	defer func() { stopBeat(); <-beat }()
+	// A tick's calls are not cut short by the shutdown: a carve aborted
+	// mid-flight may have run, and what it carved (and the returns it
+	// carried, dropped as for any failed call) would stay counted until
+	// the lease expires, where a finished one is given back exactly by
+	// release. Each call keeps its own timeout.
+	wctx := context.WithoutCancel(ctx)
 	for {
 		select {
 		case <-ctx.Done():
@@ -1014,13 +1020,13 @@ func (l *Limiter) RunSlices(ctx context.Context) error {
 			s.release()
 			close(done)
 		case <-t.C:
-			s.tick(ctx, false)
+			s.tick(wctx, false)
 		case <-s.wake:
 			s.tmu.Lock()
 			early := s.now().Sub(s.lastTick) >= s.cfg.Tick/5
 			s.tmu.Unlock()
 			if early {
-				s.tick(ctx, false)
+				s.tick(wctx, false)
 			}
 		}
 	}
