@@ -126,8 +126,10 @@ type Proxy struct {
 	DP *dataplane.DataPlane
 	// URL is its base URL (http://host:port).
 	URL string
-	// Cancel stops it.
-	Cancel context.CancelFunc
+	// Cancel stops it and returns once it has stopped (its shutdown's last
+	// Redis writes, such as quota slices given back, are done: a test that
+	// cleans Redis next does not get them afterwards).
+	Cancel func()
 }
 
 // StartProxy starts a data plane of region on the Dist's NATS and Redis
@@ -152,8 +154,9 @@ func (d *Dist) StartProxyConfig(cfg dataplane.Config) *Proxy {
 	require.NoError(d.T, err)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = dp.Run(ctx) }()
-	d.T.Cleanup(func() { cancel(); <-done })
-	p := &Proxy{DP: dp, URL: "http://" + dp.Addr(), Cancel: cancel}
+	stop := func() { cancel(); <-done }
+	d.T.Cleanup(stop)
+	p := &Proxy{DP: dp, URL: "http://" + dp.Addr(), Cancel: stop}
 	Eventually(d.T, dp.Ready, 15*time.Second, 10*time.Millisecond, "data plane never loaded a snapshot")
 	return p
 }
