@@ -289,6 +289,11 @@ type Config struct {
 	// fleet-wide limits held by this data plane, without a Redis round
 	// trip, and smaller limits or scopes near their limit exactly.
 	NoLimitSlices bool
+	// IETFRateLimitHeaders adds the IETF RateLimit and RateLimit-Policy
+	// fields (draft-ietf-httpapi-ratelimit-headers) to the x-ratelimit-*
+	// headers of answers to requests with rpm/tpm limits (default off:
+	// docs/limits.md, "Headers").
+	IETFRateLimitHeaders bool
 	// DefaultMaxOutputTokens bounds the output of requests without
 	// max_tokens on deployments without max_output_tokens, for token
 	// estimates and budget reservations (default 4096).

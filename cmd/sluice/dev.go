@@ -96,6 +96,7 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	redisURL := fs.String("redis-url", dataplane.DefaultRedisURL, "limits store")
 	redisPrefix := fs.String("redis-key-prefix", devRedisKeyPrefix, "prefix of the data plane's limits keys")
 	slicesOn := fs.Bool("limit-slices", true, "quota slices, as for sluice proxy (--limit-slices=false: exact per-request admission only)")
+	ietfHeaders := fs.Bool("ietf-rate-limit-headers", false, "the IETF RateLimit and RateLimit-Policy fields on limited answers, as for sluice proxy")
 	natsPort := fs.Int("nats-port", devNATSPort, "port of the embedded NATS server (JetStream data under .sluice/nats)")
 	logFile := fs.String("log-file", "", "file for the planes' logs at --log-level; the terminal shows warnings and errors only. "+
 		`"-" logs everything to stderr (default: dev.log next to --state-file)`)
@@ -158,8 +159,9 @@ func runDev(ctx context.Context, args []string, getenv func(string) string, stdo
 	dp, err := dataplane.New(gctx, dataplane.Config{
 		Region: dataplane.DefaultRegion, InstanceID: "dev-proxy", NATSURL: natsURL, Addr: *proxyAddr,
 		KeyPepper: sec.KeyPepper, KEK: sec.KEK, Logger: log, RedisURL: *redisURL, RedisKeyPrefix: *redisPrefix,
-		NoLimitSlices: !*slicesOn,
-		SoleDataPlane: true, // the only data plane of the dev fleet
+		NoLimitSlices:        !*slicesOn,
+		IETFRateLimitHeaders: *ietfHeaders,
+		SoleDataPlane:        true, // the only data plane of the dev fleet
 	})
 	if err != nil {
 		return stop(err)

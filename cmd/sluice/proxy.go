@@ -76,6 +76,8 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		"rpm/tpm while Redis is unavailable: closed (503 limits_unavailable) or local (limit ÷ live data planes); budgets and concurrency always fail closed")
 	slicesOn := fs.Bool("limit-slices", true,
 		"quota slices (--limit-slices=false: exact per-request admission only): admit hot scopes with large rpm/tpm, concurrency and budget limits from slices of the fleet-wide limits this proxy holds, without a Redis round trip (docs/limits.md)")
+	ietfHeaders := fs.Bool("ietf-rate-limit-headers", false,
+		"add the IETF RateLimit and RateLimit-Policy fields (draft-ietf-httpapi-ratelimit-headers) to the x-ratelimit-* headers of answers to requests with rpm/tpm limits")
 	seedWait := fs.Duration("budget-seed-wait", dataplane.DefaultBudgetSeedWait,
 		"longest wait of a request while budgets the limits store does not hold (first use, or Redis lost its state) are re-seeded from the control plane's ledger; past it 503 limits_recovering")
 	readHeader := fs.Duration("read-header-timeout", dataplane.DefaultReadHeaderTimeout, "longest time a client may take to send a request's headers")
@@ -149,7 +151,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		HealthCheckUnhealthy: *hcUnhealthy, HealthCheckHealthy: *hcHealthy,
 		EngineMetricsInterval: *emInterval, NoEngineMetrics: *emInterval == 0, EngineMetricsMaxAge: *emMaxAge,
 		RedisURL: *redisURL, RedisClusterAddrs: clusterAddrs, RedisKeyPrefix: *redisPrefix,
-		LimitsCallTimeout: *callTimeout, LeaseTTL: *leaseTTL, RateLimitFallback: *fallback, NoLimitSlices: !*slicesOn,
+		LimitsCallTimeout: *callTimeout, LeaseTTL: *leaseTTL, RateLimitFallback: *fallback, NoLimitSlices: !*slicesOn, IETFRateLimitHeaders: *ietfHeaders,
 		DefaultMaxOutputTokens: *defMaxOut, BudgetSeedWait: *seedWait,
 		ReadHeaderTimeout: *readHeader, IdleTimeout: *idle, BodyReadTimeout: *bodyTimeout,
 		MaxBodyReads: *bodyReads, MaxBodyReadsPerConn: *connReads, H2MaxConcurrentStreams: *h2Streams,

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -174,6 +175,32 @@ func (c *llRESP) do(args ...string) (string, error) {
 		return string(buf[:n]), nil
 	}
 	return "", fmt.Errorf("unexpected reply %q", line)
+}
+
+// evalshaStats returns Redis's count of EVALSHA calls and their total
+// execution time in µs (INFO commandstats).
+func (c *llRESP) evalshaStats(tb testing.TB) (calls, usec int64) {
+	info, err := c.do("INFO", "commandstats")
+	require.NoError(tb, err)
+	return llCmdCalls(info, "evalsha"), llCmdStat(info, "evalsha", "usec")
+}
+
+// redisCPU returns redis-server's CPU time (INFO cpu: used_cpu_sys +
+// used_cpu_user, to the microsecond; /proc counts in 10 ms ticks, too
+// coarse for half-second turns).
+func (c *llRESP) redisCPU(tb testing.TB) time.Duration {
+	info, err := c.do("INFO", "cpu")
+	require.NoError(tb, err)
+	var total float64
+	for line := range strings.SplitSeq(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, err := strconv.ParseFloat(v, 64)
+			require.NoError(tb, err, "INFO cpu %s", line)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
 }
 
 // evalshaCalls returns Redis's count of EVALSHA calls (INFO commandstats).
@@ -411,10 +438,10 @@ type llRig struct {
 
 // measureRedisIdle measures redis-server's CPU per second of wall time
 // over d with only the background load running.
-func (r *llRig) measureRedisIdle(d time.Duration) {
-	c0, t0 := procCPU(r.redis.cmd.Process.Pid), time.Now()
+func (r *llRig) measureRedisIdle(tb testing.TB, rc *llRESP, d time.Duration) {
+	c0, t0 := rc.redisCPU(tb), time.Now()
 	time.Sleep(d)
-	r.redisIdle = float64(procCPU(r.redis.cmd.Process.Pid)-c0) / time.Since(t0).Seconds()
+	r.redisIdle = float64(rc.redisCPU(tb)-c0) / time.Since(t0).Seconds()
 }
 
 // llOnLimits are the limits of the "on" key's levels: never reached by the benchmark, so
@@ -927,6 +954,12 @@ type llResult struct {
 	// trickleUnavailable counts the background trickle's requests answered
 	// 503 limits_unavailable at c=64 (their calls are not in evalsha).
 	trickleUnavailable int64
+	// turns is the key's turns at c=64 (measureGroup): a trickle request
+	// straddling a turn's end may put its calls in either turn.
+	turns int64
+	// allocsPerReq and bytesPerReq are the benchmark process's heap
+	// allocations per request at c=64 (data plane, client, upstream).
+	allocsPerReq, bytesPerReq float64
 }
 
 func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) llResult {
@@ -944,62 +977,127 @@ func (r *llRig) sliceCalls() int64 {
 
 // measureOn measures tok's requests through p.
 func (r *llRig) measureOn(tb testing.TB, p *proxy, tok string, rc *llRESP, settle func()) llResult {
+	return r.measureGroup(tb, p, []string{tok}, rc, settle)[0]
+}
+
+// llTurn is one key's turn in an interleaved measurement (measureGroup):
+// the keys of a group take turns of this length until each has had
+// llBenchLoad.
+const llTurn = 500 * time.Millisecond
+
+// llSample is what measureGroup reads at each turn's end.
+type llSample struct {
+	at                    time.Time
+	done                  int64 // requests answered 200 at c=64
+	cpu, redisCPU         time.Duration
+	evalsha, evalshaUsec  int64
+	trickled, trickleUnav int64
+	sliceCalls            int64
+	mallocs, allocBytes   uint64 // the benchmark process's (runtime.MemStats)
+}
+
+// measureGroup measures the keys toks through p, interleaved: at c=1 their
+// requests alternate one by one, and at c=64 they take turns of llTurn
+// (the same 64 connections; whatever a turn costs the process and Redis
+// is the key's). A shared VM's speed drifts by 2× over minutes here, so
+// keys measured one after the other for seconds each compare the machine
+// as much as the keys; turns of half a second compare the keys.
+// The settle retries and the pipelining figures are the group's.
+func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP, settle func()) []llResult {
 	tb.Helper()
-	var res llResult
-	var unavailable atomic.Int64
+	res := make([]llResult, len(toks))
+	unavailable := make([]atomic.Int64, len(toks))
 	settle()
 	c := benchClient()
-	// chat sends one request; a 503 limits_unavailable (a limits call over
-	// its 50 ms timeout: the proxy fails closed) is counted, not fatal.
-	chat := func() (ok bool, err error) {
-		_, _, err = llChat(c, p.URL, tok)
+	// chat sends one request of key i; a 503 limits_unavailable (a limits
+	// call over its 50 ms timeout: the proxy fails closed) is counted, not
+	// fatal.
+	chat := func(i int) (ok bool, err error) {
+		_, _, err = llChat(c, p.URL, toks[i])
 		if err != nil && strings.Contains(err.Error(), `"`+dataplane.CodeLimitsUnavailable+`"`) {
-			unavailable.Add(1)
+			unavailable[i].Add(1)
 			return false, nil
 		}
 		return err == nil, err
 	}
 	for range 200 {
-		_, err := chat()
-		require.NoError(tb, err)
-	}
-	lat := make([]time.Duration, 0, llBenchSeq)
-	for range llBenchSeq {
-		t0 := time.Now()
-		ok, err := chat()
-		require.NoError(tb, err)
-		if ok {
-			lat = append(lat, time.Since(t0))
+		for i := range toks {
+			_, err := chat(i)
+			require.NoError(tb, err)
 		}
 	}
-	res.p50, res.p99 = harness.Percentile(lat, 50), harness.Percentile(lat, 99)
+	lat := make([][]time.Duration, len(toks))
+	for range llBenchSeq {
+		for i := range toks {
+			t0 := time.Now()
+			ok, err := chat(i)
+			require.NoError(tb, err)
+			if ok {
+				lat[i] = append(lat[i], time.Since(t0))
+			}
+		}
+	}
+	for i := range toks {
+		res[i].p50, res[i].p99 = harness.Percentile(lat[i], 50), harness.Percentile(lat[i], 99)
+	}
 	settle()
 
 	var done atomic.Int64
+	var cur atomic.Int32
 	var failed atomic.Value
-	ctx, cancel := context.WithTimeout(context.Background(), llBenchLoad)
-	ev0, rcpu0, tr0, tu0, sc0 := rc.evalshaCalls(tb), procCPU(r.redis.cmd.Process.Pid), r.trickled.Load(), r.trickleUnavailable.Load(), r.sliceCalls()
-	rt0 := time.Now()
-	us0, sf0 := rc.evalshaUsec(tb), llMetric(tb, p, `sluice_proxy_limits_unavailable_total{op="settle"}`)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sf0 := llMetric(tb, p, `sluice_proxy_limits_unavailable_total{op="settle"}`)
 	cmds0, writes0 := llMetric(tb, p, "sluice_limits_store_commands_total"), llMetric(tb, p, "sluice_limits_store_writes_total")
-	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=64 phase of the
+	sample := func() llSample {
+		ev, usec := rc.evalshaStats(tb)
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
+			trickled: r.trickled.Load(), trickleUnav: r.trickleUnavailable.Load(), sliceCalls: r.sliceCalls(),
+			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc}
+	}
+	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=64 phase with the
 	// limited key (the data plane, client and upstream of this process).
 	var profiling bool
-	if path := os.Getenv("SLUICE_BENCH_CPUPROFILE"); path != "" && tok == r.on.Token && !r.profiled {
+	if path := os.Getenv("SLUICE_BENCH_CPUPROFILE"); path != "" && slices.Contains(toks, r.on.Token) && !r.profiled {
 		f, err := os.Create(path)
 		require.NoError(tb, err)
 		defer f.Close()
 		require.NoError(tb, pprof.StartCPUProfile(f))
 		profiling, r.profiled = true, true
 	}
-	cpu0, t0 := cpuTime(), time.Now()
+	acc := make([]struct {
+		elapsed time.Duration
+		d       llSample // the sums of the differences over the key's turns
+	}, len(toks))
+	// Between turns the workers pause (gate) until the turn's requests
+	// have been answered and settled, so that no Redis call of one key is
+	// counted in another's turn.
+	var gate atomic.Pointer[chan struct{}]
+	var inflight atomic.Int64
+	prev := sample()
 	var wg sync.WaitGroup
 	for range llBenchConcurrency {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				ok, err := chat()
+				if g := gate.Load(); g != nil {
+					select {
+					case <-*g:
+					case <-ctx.Done():
+					}
+					continue
+				}
+				inflight.Add(1)
+				if gate.Load() != nil { // paused meanwhile: the pauser may have seen no request in flight
+					inflight.Add(-1)
+					continue
+				}
+				ok, err := chat(int(cur.Load()))
+				inflight.Add(-1)
 				if err != nil {
 					failed.Store(err)
+					cancel()
 					return
 				}
 				if ok {
@@ -1008,9 +1106,41 @@ func (r *llRig) measureOn(tb testing.TB, p *proxy, tok string, rc *llRESP, settl
 			}
 		})
 	}
-	wg.Wait()
+	perKey := max(1, int(llBenchLoad/llTurn))
+	for k := range len(toks) * perKey {
+		i := k % len(toks)
+		select {
+		case <-ctx.Done():
+		case <-time.After(llTurn):
+		}
+		ch := make(chan struct{})
+		gate.Store(&ch)
+		for inflight.Load() > 0 && ctx.Err() == nil {
+			time.Sleep(100 * time.Microsecond) // the turn's last answers: a few ms at most
+		}
+		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+		require.NoError(tb, p.DP.DrainSettlements(dctx))
+		dcancel()
+		s := sample()
+		cur.Store(int32((k + 1) % len(toks)))
+		gate.Store(nil)
+		close(ch)
+		a := &acc[i]
+		a.elapsed += s.at.Sub(prev.at)
+		a.d.done += s.done - prev.done
+		a.d.cpu += s.cpu - prev.cpu
+		a.d.redisCPU += s.redisCPU - prev.redisCPU
+		a.d.evalsha += s.evalsha - prev.evalsha
+		a.d.evalshaUsec += s.evalshaUsec - prev.evalshaUsec
+		a.d.trickled += s.trickled - prev.trickled
+		a.d.trickleUnav += s.trickleUnav - prev.trickleUnav
+		a.d.sliceCalls += s.sliceCalls - prev.sliceCalls
+		a.d.mallocs += s.mallocs - prev.mallocs
+		a.d.allocBytes += s.allocBytes - prev.allocBytes
+		prev = s
+	}
 	cancel()
-	elapsed, cpu := time.Since(t0), cpuTime()-cpu0
+	wg.Wait()
 	if profiling {
 		pprof.StopCPUProfile()
 	}
@@ -1020,30 +1150,40 @@ func (r *llRig) measureOn(tb testing.TB, p *proxy, tok string, rc *llRESP, settl
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatal(err)
 	}
-	n := done.Load()
-	res.rps = float64(n) / elapsed.Seconds()
-	res.cpuPerReq = cpu / time.Duration(n)
-	// The trickle's requests are 2 EVALSHA each, admitted or timed out
-	// (admission and settlement, or admission and cancellation; one may
-	// straddle the phase's end: the bounds below allow for it). Before
-	// the timed-out ones were counted, a loaded run's "off" phase failed
-	// its bound (6 and 12 calls besides the trickle against 2): two per
-	// trickle request answered 503 limits_unavailable.
-	res.sliceCalls = r.sliceCalls() - sc0
-	res.trickleUnavailable = r.trickleUnavailable.Load() - tu0
-	res.evalsha = rc.evalshaCalls(tb) - ev0 - 2*(r.trickled.Load()-tr0+res.trickleUnavailable) - res.sliceCalls
-	res.admitted = n
-	res.settleRetries = llMetric(tb, p, `sluice_proxy_limits_unavailable_total{op="settle"}`) - sf0
-	if res.evalsha > 0 {
-		res.redisUsecPerCall = float64(rc.evalshaUsec(tb)-us0) / float64(res.evalsha)
-	}
-	res.evalshaPerReq = float64(res.evalsha) / float64(n)
-	rcpu := procCPU(r.redis.cmd.Process.Pid) - rcpu0
-	res.redisCPUPerReq = rcpu / time.Duration(n)
-	res.redisNetPerReq = max(rcpu-time.Duration(r.redisIdle*time.Since(rt0).Seconds()), 0) / time.Duration(n)
-	res.unavailable = unavailable.Load()
+	settleRetries := llMetric(tb, p, `sluice_proxy_limits_unavailable_total{op="settle"}`) - sf0
+	var cmdsPerWrite float64
 	if w := llMetric(tb, p, "sluice_limits_store_writes_total") - writes0; w > 0 {
-		res.cmdsPerWrite = float64(llMetric(tb, p, "sluice_limits_store_commands_total")-cmds0) / float64(w)
+		cmdsPerWrite = float64(llMetric(tb, p, "sluice_limits_store_commands_total")-cmds0) / float64(w)
+	}
+	for i := range toks {
+		a, x := acc[i], &res[i]
+		n := a.d.done
+		require.Positive(tb, n, "requests answered at c=%d", llBenchConcurrency)
+		x.rps = float64(n) / a.elapsed.Seconds()
+		x.cpuPerReq = a.d.cpu / time.Duration(n)
+		// The trickle's requests are 2 EVALSHA each, admitted or timed
+		// out (admission and settlement, or admission and cancellation;
+		// one may straddle a turn's end: the bounds allow for it). Before
+		// the timed-out ones were counted, a loaded run's "off" phase
+		// failed its bound (6 and 12 calls besides the trickle against
+		// 2): two per trickle request answered 503 limits_unavailable.
+		x.sliceCalls = a.d.sliceCalls
+		x.trickleUnavailable = a.d.trickleUnav
+		x.evalsha = a.d.evalsha - 2*(a.d.trickled+a.d.trickleUnav) - a.d.sliceCalls
+		x.admitted = n
+		// The group's: a failed settlement is not told apart by key.
+		x.settleRetries = settleRetries
+		if x.evalsha > 0 {
+			x.redisUsecPerCall = float64(a.d.evalshaUsec) / float64(x.evalsha)
+		}
+		x.evalshaPerReq = float64(x.evalsha) / float64(n)
+		x.redisCPUPerReq = a.d.redisCPU / time.Duration(n)
+		x.redisNetPerReq = max(a.d.redisCPU-time.Duration(r.redisIdle*a.elapsed.Seconds()), 0) / time.Duration(n)
+		x.unavailable = unavailable[i].Load()
+		x.cmdsPerWrite = cmdsPerWrite
+		x.turns = int64(perKey)
+		x.allocsPerReq = float64(a.d.mallocs) / float64(n)
+		x.bytesPerReq = float64(a.d.allocBytes) / float64(n)
 	}
 	return res
 }
@@ -1105,7 +1245,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	require.NoError(b, err)
 	buckets, _ := strconv.Atoi(nb)
 	require.GreaterOrEqual(b, buckets, 58, "live 1 s buckets in %s", rpmKey)
-	r.measureRedisIdle(5 * time.Second)
+	r.measureRedisIdle(b, rc, 5*time.Second)
 	ctx := context.Background()
 	pg, err := pgx.Connect(ctx, d.DatabaseURL)
 	require.NoError(b, err)
@@ -1142,27 +1282,33 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	// slices) and the rate-only key, through the sliced data plane; each
 	// key through the exact one is its baseline.
 	var onSliced, rateExact, rateSliced []llResult
-	type phase struct {
-		run func() llResult
-		out *[]llResult
+	// offSliced is the key without limits through the sliced data plane:
+	// the baseline of the sliced phases on the same data plane (the
+	// exact one's "off" is reported against too).
+	var offSliced []llResult
+	// Two groups, each measured interleaved (measureGroup): the three keys
+	// through the exact data plane, and the same three through the sliced
+	// one; each round alternates which goes first, so no group always runs
+	// on a warmer (or more loaded) machine.
+	type group struct {
+		p    *proxy
+		toks []string
+		outs []*[]llResult
 	}
-	phases := []phase{
-		{func() llResult { return r.measure(b, r.off.Token, rc, settle) }, &off},
-		{func() llResult { return r.measure(b, r.on.Token, rc, settle) }, &on},
-		{func() llResult { return r.measureOn(b, r.ps, r.on.Token, rc, settle) }, &onSliced},
-		{func() llResult { return r.measure(b, r.rate.Token, rc, settle) }, &rateExact},
-		{func() llResult { return r.measureOn(b, r.ps, r.rate.Token, rc, settle) }, &rateSliced},
+	groups := []group{
+		{r.p, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&off, &on, &rateExact}},
+		{r.ps, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&offSliced, &onSliced, &rateSliced}},
 	}
 	for range b.N {
 		for i := range rounds {
-			// Alternate the order, so no key always runs on a warmer (or
-			// more loaded) machine.
-			for j := range phases {
-				ph := phases[j]
+			for j := range groups {
+				g := groups[j]
 				if i%2 == 1 {
-					ph = phases[len(phases)-1-j]
+					g = groups[len(groups)-1-j]
 				}
-				*ph.out = append(*ph.out, ph.run())
+				for k, x := range r.measureGroup(b, g.p, g.toks, rc, settle) {
+					*g.outs[k] = append(*g.outs[k], x)
+				}
 			}
 		}
 	}
@@ -1187,6 +1333,8 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 			cpuPerReq:        d(func(x llResult) time.Duration { return x.cpuPerReq }),
 			redisUsecPerCall: med(rs, func(x llResult) float64 { return x.redisUsecPerCall }),
 			cmdsPerWrite:     med(rs, func(x llResult) float64 { return x.cmdsPerWrite }),
+			allocsPerReq:     med(rs, func(x llResult) float64 { return x.allocsPerReq }),
+			bytesPerReq:      med(rs, func(x llResult) float64 { return x.bytesPerReq }),
 		}
 	}
 	fo, fn := fig(off), fig(on)
@@ -1196,11 +1344,11 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	for _, x := range on {
 		fn.unavailable += x.unavailable
 	}
-	fos, fre, frs := fig(onSliced), fig(rateExact), fig(rateSliced)
+	fos, fre, frs, fso := fig(onSliced), fig(rateExact), fig(rateSliced), fig(offSliced)
 	for _, p := range []struct {
 		f  *llResult
 		rs []llResult
-	}{{&fos, onSliced}, {&fre, rateExact}, {&frs, rateSliced}} {
+	}{{&fos, onSliced}, {&fre, rateExact}, {&frs, rateSliced}, {&fso, offSliced}} {
 		for _, x := range p.rs {
 			p.f.unavailable += x.unavailable
 			p.f.sliceCalls += x.sliceCalls
@@ -1224,9 +1372,10 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		"largest admission→upstream delay %s; connection handshakes %v\n",
 		audit.on, audit.onBefore, audit.settleRetries, audit.renewals, audit.skipped, audit.off, audit.offBefore,
 		us(audit.admitToUpstream), audit.connSetup)
-	fmt.Fprintf(&sb, "%d round(s), interleaved; medians; zero-latency upstream; NATS and control plane at nice %d; "+
+	fmt.Fprintf(&sb, "%d round(s), the two data planes' groups in alternating order; within a group the three keys alternate request by request at c=1 "+
+		"and take turns of %s at c=%d (%s each); medians; zero-latency upstream; NATS and control plane at nice %d; "+
 		"limited key's windows in steady state (%d live 1 s buckets before the rounds; a request every %s throughout, not counted)\n",
-		rounds*b.N, infraNice(), buckets, llTrickle)
+		rounds*b.N, llTurn, llBenchConcurrency, llBenchLoad, infraNice(), buckets, llTrickle)
 	fmt.Fprintf(&sb, "| limits | p50 (c=1) | p99 (c=1) | req/s (c=%d) | CPU/req (bench process) | EVALSHA/req | commands per write | redis-server CPU/req | 503 limits_unavailable (all rounds) |\n|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
 	for _, x := range []struct {
 		name string
@@ -1257,20 +1406,31 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		"%d without any Redis call, the rest admitted exactly %v; slice worker calls during the audit %d\n",
 		sliceAudit.on, sliceAudit.local, sliceAudit.onBefore, sliceAudit.sliceCalls)
 	fmt.Fprintf(&sb, "redis-server CPU with only the background running (the trickle, idle data planes): %.1f ms per second\n", r.redisIdle/1e6)
-	fmt.Fprintf(&sb, "| phase | p50 (c=1) | added p50 | req/s (c=%d) | on/off (median of rounds; min–max) | CPU/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
-	for _, x := range []struct {
-		name string
-		f    llResult
-		rs   []llResult
-	}{{"every kind, exact (on)", fn, on}, {"every kind, slices", fos, onSliced},
-		{"rpm/tpm only, exact", fre, rateExact}, {"rpm/tpm only, slices", frs, rateSliced}} {
-		rr := make([]float64, len(off))
-		for i := range off {
-			rr[i] = x.rs[i].rps / off[i].rps
+	fmt.Fprintf(&sb, "| phase | data plane | p50 (c=1) | added p50 | req/s (c=%d) | on/off, off through the same data plane (median of rounds; min–max) | "+
+		"on/off, off through the exact data plane | CPU/req (bench process) | allocations/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n"+
+		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
+	paired := func(rs, base []llResult) string {
+		rr := make([]float64, len(base))
+		for i := range base {
+			rr[i] = rs[i].rps / base[i].rps
 		}
 		slices.Sort(rr)
-		fmt.Fprintf(&sb, "| %s | %s | +%s | %.0f | %.3f× (%.3f–%.3f) | %s | %.3f | %d | %s | %s | %d |\n", x.name, us(x.f.p50), us(x.f.p50-fo.p50), x.f.rps,
-			rr[len(rr)/2], rr[0], rr[len(rr)-1], us(x.f.cpuPerReq), x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
+		return fmt.Sprintf("%.3f× (%.3f–%.3f)", rr[len(rr)/2], rr[0], rr[len(rr)-1])
+	}
+	for _, x := range []struct {
+		name, plane string
+		f           llResult
+		rs, base    []llResult
+		bf          llResult
+	}{{"off", "sliced", fso, offSliced, offSliced, fso}, {"every kind, exact (on)", "exact", fn, on, off, fo}, {"every kind, slices", "sliced", fos, onSliced, offSliced, fso},
+		{"rpm/tpm only, exact", "exact", fre, rateExact, off, fo}, {"rpm/tpm only, slices", "sliced", frs, rateSliced, offSliced, fso}} {
+		fmt.Fprintf(&sb, "| %s | %s | %s | +%s | %.0f | %s | %s | %s | %.1f (%.1f KB) | %.3f | %d | %s | %s | %d |\n", x.name, x.plane, us(x.f.p50), us(x.f.p50-x.bf.p50), x.f.rps,
+			paired(x.rs, x.base), paired(x.rs, off), us(x.f.cpuPerReq), x.f.allocsPerReq, x.f.bytesPerReq/1024, x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
+	}
+	for i := range offSliced {
+		fmt.Fprintf(&sb, "round %d, sliced data plane: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+			offSliced[i].rps, onSliced[i].rps, onSliced[i].rps/offSliced[i].rps, rateSliced[i].rps, rateSliced[i].rps/offSliced[i].rps,
+			us(offSliced[i].cpuPerReq), us(onSliced[i].cpuPerReq), us(rateSliced[i].cpuPerReq))
 	}
 	b.Log(sb.String())
 	b.ReportMetric(ratio, "throughput_ratio")
@@ -1284,21 +1444,26 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	// that timed out, and the settlement cancelling it) and one per failed
 	// settlement (retried); renewals only for requests older than the
 	// renew interval, which these are not. None without limits.
+	// Each key's turns end with its requests answered and settled
+	// (measureGroup), so only a trickle request straddling a turn's end
+	// (two calls) may land in another key's turn.
 	for i := range on {
 		x := on[i]
-		require.GreaterOrEqual(b, x.evalsha, x.admitted/32-2, "round %d: EVALSHA calls, limits on", i+1)
-		require.LessOrEqual(b, x.evalsha, 2*x.admitted+2*x.unavailable+x.settleRetries+2, "round %d: EVALSHA calls, limits on", i+1)
+		require.GreaterOrEqual(b, x.evalsha, x.admitted/32-2*x.turns, "round %d: EVALSHA calls, limits on", i+1)
+		require.LessOrEqual(b, x.evalsha, 2*x.admitted+2*x.unavailable+x.settleRetries+2*x.turns, "round %d: EVALSHA calls, limits on", i+1)
 		// The off key's requests make none: what is left besides the
 		// trickle's two per request is the straddle and the retries of
 		// the trickle's failed settlements (settleRetries counts the
 		// data plane's, and the off key has none of its own).
-		require.LessOrEqual(b, off[i].evalsha, off[i].settleRetries+2, "round %d: EVALSHA calls, limits off (besides the trickle; %d trickle requests 503, %d settle retries)",
-			i+1, off[i].trickleUnavailable, off[i].settleRetries)
+		for _, x := range []llResult{off[i], offSliced[i]} {
+			require.LessOrEqual(b, x.evalsha, x.settleRetries+2*x.turns, "round %d: EVALSHA calls, limits off (besides the trickle; %d trickle requests 503, %d settle retries)",
+				i+1, x.trickleUnavailable, x.settleRetries)
+		}
 		// Through the sliced data plane, both keys make almost no call
 		// per request (the slice worker's calls are counted apart).
 		x = onSliced[i]
-		require.LessOrEqual(b, x.evalsha, x.admitted/10+2*x.unavailable+x.settleRetries+2, "round %d: EVALSHA calls, every kind with slices", i+1)
+		require.LessOrEqual(b, x.evalsha, x.admitted/10+2*x.unavailable+x.settleRetries+2*x.turns, "round %d: EVALSHA calls, every kind with slices", i+1)
 		x = rateSliced[i]
-		require.LessOrEqual(b, x.evalsha, x.admitted/10+2*x.unavailable+x.settleRetries+2, "round %d: EVALSHA calls, rpm/tpm only with slices", i+1)
+		require.LessOrEqual(b, x.evalsha, x.admitted/10+2*x.unavailable+x.settleRetries+2*x.turns, "round %d: EVALSHA calls, rpm/tpm only with slices", i+1)
 	}
 }

@@ -319,7 +319,7 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []can
 			h.m.limitsFallback.WithLabelValues("rejected").Inc()
 		}
 	}
-	setRateHeaders(w.Header(), d.Headers)
+	setRateHeaders(w.Header(), d.Headers, h.cfg.IETFRateLimitHeaders)
 	if !d.Allowed {
 		return x.rejection(w, d.Rejection)
 	}
@@ -387,13 +387,18 @@ func usd(micros int64) string {
 }
 
 // setRateHeaders writes the OpenAI x-ratelimit-* headers for the tightest
-// scope of each kind and the IETF RateLimit / RateLimit-Policy fields
-// (draft-ietf-httpapi-ratelimit-headers: "rpm" and "tpm" policies over a
-// 60 s window). The values that depend only on the limits (a snapshot's
-// settings) are built once per pair of limits (rateHeaderCache); only
-// remaining and reset are formatted per request, all into one string (one
-// allocation, and one for the value slices).
-func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
+// scope of each kind and, with ietf (--ietf-rate-limit-headers), the IETF
+// RateLimit / RateLimit-Policy fields (draft-ietf-httpapi-ratelimit-headers:
+// "rpm" and "tpm" policies over a 60 s window). The values that depend only
+// on the limits (a snapshot's settings) are built once per pair of limits
+// (rateHeaderCache); only remaining and reset are formatted per request,
+// all into one string (one allocation, and one for the value slices).
+//
+// The IETF fields are opt-in: the two more entries take an answer's header
+// map (7 entries of its own) from 13 to 15, past the 14 a 16-slot table
+// holds, so net/http's map of every limited answer grows once more and its
+// copy at WriteHeader doubles (docs/limits.md, "Headers").
+func setRateHeaders(hd http.Header, rh limits.RateHeaders, ietf bool) {
 	if rh.LimitRequests <= 0 && rh.LimitTokens <= 0 {
 		return
 	}
@@ -425,13 +430,13 @@ func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
 		end[n] = len(buf)
 		n++
 	}
-	if rh.LimitRequests > 0 {
+	if ietf && rh.LimitRequests > 0 {
 		buf = append(buf, `"rpm";r=`...)
 		buf = append(buf, remR...)
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, ceilSecondsInt(rh.ResetRequests), 10)
 	}
-	if rh.LimitTokens > 0 {
+	if ietf && rh.LimitTokens > 0 {
 		if rh.LimitRequests > 0 {
 			buf = append(buf, ", "...)
 		}
@@ -440,8 +445,10 @@ func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
 		buf = append(buf, ";t="...)
 		buf = strconv.AppendInt(buf, ceilSecondsInt(rh.ResetTokens), 10)
 	}
-	end[n] = len(buf)
-	n++
+	if ietf {
+		end[n] = len(buf)
+		n++
+	}
 	all := string(buf)
 	vals := make([]string, n)
 	from := 0
@@ -465,8 +472,10 @@ func setRateHeaders(hd http.Header, rh limits.RateHeaders) {
 		hd["X-Ratelimit-Reset-Tokens"] = v(i + 1)
 		i += 2
 	}
-	hd["Ratelimit-Policy"] = pc.policy
-	hd["Ratelimit"] = v(i)
+	if ietf {
+		hd["Ratelimit-Policy"] = pc.policy
+		hd["Ratelimit"] = v(i)
+	}
 }
 
 // rateHeaderSet is the limit-only header values of one pair of limits.

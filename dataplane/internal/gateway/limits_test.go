@@ -225,27 +225,47 @@ func (le *limitsEnv) limitedKey(base string) string {
 
 func ptr[T any](v T) *T { return &v }
 
+// withIETFHeaders turns the IETF RateLimit fields on
+// (--ietf-rate-limit-headers).
+func withIETFHeaders(c *Config) { c.IETFRateLimitHeaders = true }
+
+// TestLimitsHeadersOnSuccess: the x-ratelimit-* headers on every limited
+// answer; the IETF RateLimit fields only with --ietf-rate-limit-headers.
 func TestLimitsHeadersOnSuccess(t *testing.T) {
-	le := newLimitsEnv(t)
-	tok := le.limitedKey(startUpstream(t, &slowUpstream{}))
-	resp := le.post(RouteChat, tok, chatBody("m", ""))
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	require.Equal(t, 200, resp.StatusCode)
-	require.Equal(t, "1000", resp.Header.Get("X-Ratelimit-Limit-Requests"))
-	require.Equal(t, "999", resp.Header.Get("X-Ratelimit-Remaining-Requests"))
-	require.NotEmpty(t, resp.Header.Get("X-Ratelimit-Reset-Requests"))
-	require.Equal(t, "1000000", resp.Header.Get("X-Ratelimit-Limit-Tokens"))
-	rem, err := strconv.ParseInt(resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 10, 64)
-	require.NoError(t, err)
-	require.Less(t, rem, int64(1_000_000))
-	require.Equal(t, `"rpm";q=1000;w=60, "tpm";q=1000000;w=60`, resp.Header.Get("RateLimit-Policy"))
-	require.Contains(t, resp.Header.Get("RateLimit"), `"rpm";r=999;t=`)
-	le.drained()
+	for _, ietf := range []bool{false, true} {
+		t.Run("ietf="+strconv.FormatBool(ietf), func(t *testing.T) {
+			var opts []envOpt
+			if ietf {
+				opts = append(opts, withIETFHeaders)
+			}
+			le := newLimitsEnv(t, opts...)
+			tok := le.limitedKey(startUpstream(t, &slowUpstream{}))
+			resp := le.post(RouteChat, tok, chatBody("m", ""))
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			require.Equal(t, 200, resp.StatusCode)
+			require.Equal(t, "1000", resp.Header.Get("X-Ratelimit-Limit-Requests"))
+			require.Equal(t, "999", resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+			require.NotEmpty(t, resp.Header.Get("X-Ratelimit-Reset-Requests"))
+			require.Equal(t, "1000000", resp.Header.Get("X-Ratelimit-Limit-Tokens"))
+			rem, err := strconv.ParseInt(resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 10, 64)
+			require.NoError(t, err)
+			require.Less(t, rem, int64(1_000_000))
+			if !ietf {
+				require.NotContains(t, resp.Header, "Ratelimit-Policy")
+				require.NotContains(t, resp.Header, "Ratelimit")
+				le.drained()
+				return
+			}
+			require.Equal(t, `"rpm";q=1000;w=60, "tpm";q=1000000;w=60`, resp.Header.Get("RateLimit-Policy"))
+			require.Contains(t, resp.Header.Get("RateLimit"), `"rpm";r=999;t=`)
+			le.drained()
+		})
+	}
 }
 
 func TestLimitsHeadersOnStream(t *testing.T) {
-	le := newLimitsEnv(t)
+	le := newLimitsEnv(t, withIETFHeaders)
 	tok := le.limitedKey(startUpstream(t, &slowUpstream{n: 3, interval: 5 * time.Millisecond}))
 	resp := le.post(RouteChat, tok, chatBody("m", `"stream":true`))
 	data := sseData(t, resp.Body)

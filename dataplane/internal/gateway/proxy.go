@@ -193,6 +193,10 @@ type Config struct {
 	// fail closed too). Budget and concurrency never fall back.
 	RateFallback        *limits.LocalLimiter
 	RateFallbackDefault bool
+	// IETFRateLimitHeaders adds the IETF RateLimit and RateLimit-Policy
+	// fields to the x-ratelimit-* headers of limited answers
+	// (setRateHeaders).
+	IETFRateLimitHeaders bool
 	// AdmissionQueues are the per-class bounds of the admission queue
 	// (docs/traffic.md); the zero value queues nothing unless a model
 	// group or deployment overrides a class. AdmissionRetryInterval bounds

@@ -26,8 +26,8 @@ func refResetString(d time.Duration) string {
 }
 
 // refRateHeaders is setRateHeaders as it was before it formatted every
-// value into one string (the reference).
-func refRateHeaders(hd http.Header, rh limits.RateHeaders) {
+// value into one string (the reference); the IETF fields only with ietf.
+func refRateHeaders(hd http.Header, rh limits.RateHeaders, ietf bool) {
 	if rh.LimitRequests <= 0 && rh.LimitTokens <= 0 {
 		return
 	}
@@ -48,8 +48,10 @@ func refRateHeaders(hd http.Header, rh limits.RateHeaders) {
 		policy = append(policy, `"tpm";q=`+strconv.FormatInt(rh.LimitTokens, 10)+";w=60")
 		state = append(state, `"tpm";r=`+rem+";t="+strconv.FormatInt(ceilSecondsInt(rh.ResetTokens), 10))
 	}
-	hd.Set("Ratelimit-Policy", strings.Join(policy, ", "))
-	hd.Set("Ratelimit", strings.Join(state, ", "))
+	if ietf {
+		hd.Set("Ratelimit-Policy", strings.Join(policy, ", "))
+		hd.Set("Ratelimit", strings.Join(state, ", "))
+	}
 }
 
 // TestResetStringMatchesDuration: the reset headers' formatting equals
@@ -84,28 +86,39 @@ func TestRateHeadersMatchReference(t *testing.T) {
 			LimitTokens: rand.Int64N(3) * rand.Int64N(1e13), RemainingTokens: rand.Int64N(1e13) - 10, ResetTokens: time.Duration(rand.Int64N(int64(2 * time.Minute))),
 		})
 	}
-	for _, rh := range cases {
-		got, want := http.Header{}, http.Header{}
-		setRateHeaders(got, rh)
-		refRateHeaders(want, rh)
-		require.Equal(t, want, got, "%+v", rh)
-		for k := range got {
-			got.Add(k, "x")
-		}
-		for k, v := range got {
-			require.Equal(t, append(append([]string(nil), want[k]...), "x"), v, "%s after Add", k)
+	for _, ietf := range []bool{false, true} {
+		for _, rh := range cases {
+			got, want := http.Header{}, http.Header{}
+			setRateHeaders(got, rh, ietf)
+			refRateHeaders(want, rh, ietf)
+			require.Equal(t, want, got, "%+v ietf %v", rh, ietf)
+			if rh.LimitRequests > 0 || rh.LimitTokens > 0 {
+				// The OpenAI fields always; the IETF ones only when asked.
+				require.Equal(t, ietf, got.Get("Ratelimit") != "", "%+v", rh)
+				require.Equal(t, ietf, got.Get("Ratelimit-Policy") != "", "%+v", rh)
+			}
+			for k := range got {
+				got.Add(k, "x")
+			}
+			for k, v := range got {
+				require.Equal(t, append(append([]string(nil), want[k]...), "x"), v, "%s after Add", k)
+			}
 		}
 	}
 }
 
 // BenchmarkRateHeaders is setRateHeaders for a request limited by rpm
-// and tpm.
+// and tpm, without and with the IETF fields.
 func BenchmarkRateHeaders(b *testing.B) {
 	rh := limits.RateHeaders{LimitRequests: 1e10, RemainingRequests: 9999999348, ResetRequests: 60048 * time.Millisecond,
 		LimitTokens: 1e12, RemainingTokens: 999999947360, ResetTokens: 60048 * time.Millisecond}
-	b.ReportAllocs()
-	for b.Loop() {
-		hd := make(http.Header, 16)
-		setRateHeaders(hd, rh)
+	for _, ietf := range []bool{false, true} {
+		b.Run("ietf="+strconv.FormatBool(ietf), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				hd := make(http.Header, 16)
+				setRateHeaders(hd, rh, ietf)
+			}
+		})
 	}
 }

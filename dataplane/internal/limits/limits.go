@@ -690,7 +690,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 		return l.slices.withWaits(d, err, waits), err
 	}
 	if lease == nil {
-		lease = new(Lease)
+		lease = &Lease{born: time.Now()}
 	}
 	lease.orgID, lease.requestID, lease.est, lease.reserved, lease.local = req.OrgID, req.RequestID, req.EstTokens, req.MaxCostMicros, takes
 	for _, tk := range takes {
@@ -707,7 +707,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 				lease.sweepV.lazy = req.Reporter
 			}
 			lease.sweep = &lease.sweepV
-			lease.promote, lease.born = true, time.Now()
+			lease.promote = true // born: take's clock
 		}
 		return Decision{Allowed: true, Lease: lease, Headers: hdr}, nil
 	}

@@ -569,6 +569,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			}
 			if n <= len(slicedLease{}.takes) {
 				sl := new(slicedLease)
+				sl.lease.born = now // Admit's, if it admits from slices alone
 				lease, takes = &sl.lease, sl.takes[:0:n]
 			} else {
 				takes = make([]sliceTake, 0, n)
@@ -844,9 +845,8 @@ func (st *sliceScope) bretLocked(widx, epoch, amount int64) {
 
 // giveBack returns r requests and t tokens (t < 0: a debt) of a rate
 // take: into its slice while that is held and usable, else to Redis.
-func (s *slicer) giveBack(tk sliceTake, r, t int64) {
+func (s *slicer) giveBack(tk sliceTake, r, t int64, now time.Time) {
 	st := tk.sc
-	now := s.now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if t >= 0 {
@@ -863,12 +863,20 @@ func (s *slicer) giveBack(tk sliceTake, r, t int64) {
 }
 
 // giveBackBudget returns amount micro-USD of a budget take (< 0: a debt):
-// into its slice while that is held and usable, else to Redis.
-func (s *slicer) giveBackBudget(tk sliceTake, amount int64) {
+// into its slice while that is held and usable, else to Redis. With
+// alerts it also appends to *alerts the budget alerts the scope's carves
+// crossed since the last settlement (under the same lock).
+func (s *slicer) giveBackBudget(tk sliceTake, amount int64, now time.Time, alerts *[]BudgetAlert) {
 	st := tk.sc
-	now := s.now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if alerts != nil && len(st.alerts) > 0 {
+		*alerts = append(*alerts, st.alerts...)
+		st.alerts = nil
+	}
+	if amount == 0 {
+		return
+	}
 	if amount > 0 && tk.gen == st.bgen {
 		st.bN = max(st.bN-amount, 0)
 	}
@@ -913,15 +921,22 @@ func (s *slicer) rollback(takes []sliceTake) {
 // carves of these scopes crossed since the last settlement.
 func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []BudgetAlert {
 	var alerts []BudgetAlert
+	var now time.Time // read once, when a take needs it
+	clock := func() time.Time {
+		if now.IsZero() {
+			now = s.now()
+		}
+		return now
+	}
 	for _, tk := range takes {
 		switch tk.kind {
 		case takeRate:
 			switch {
 			case cancel:
-				s.giveBack(tk, tk.r, tk.t)
+				s.giveBack(tk, tk.r, tk.t, clock())
 			case tk.hasTPM:
 				if d := tk.t - max(tokens, 0); d != 0 {
-					s.giveBack(tk, 0, d)
+					s.giveBack(tk, 0, d, clock())
 				}
 			}
 		case takeBudget:
@@ -929,14 +944,11 @@ func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []Bu
 			if !cancel {
 				d = tk.cost - max(cost, 0)
 			}
-			if d != 0 {
-				s.giveBackBudget(tk, d)
-			}
-			if !cancel {
-				tk.sc.mu.Lock()
-				alerts = append(alerts, tk.sc.alerts...)
-				tk.sc.alerts = nil
-				tk.sc.mu.Unlock()
+			switch {
+			case cancel:
+				s.giveBackBudget(tk, d, clock(), nil)
+			default:
+				s.giveBackBudget(tk, d, clock(), &alerts)
 			}
 		case takePar:
 			s.releasePar(tk)
