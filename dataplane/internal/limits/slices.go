@@ -843,12 +843,10 @@ func (st *sliceScope) bretLocked(widx, epoch, amount int64) {
 	st.brets[bretKey{widx, epoch}] += amount
 }
 
-// giveBack returns r requests and t tokens (t < 0: a debt) of a rate
-// take: into its slice while that is held and usable, else to Redis.
-func (s *slicer) giveBack(tk sliceTake, r, t int64, now time.Time) {
-	st := tk.sc
-	st.mu.Lock()
-	defer st.mu.Unlock()
+// giveBackLocked returns r requests and t tokens (t < 0: a debt) of a
+// rate take: into its slice while that is held and usable, else to Redis;
+// st.mu held.
+func (st *sliceScope) giveBackLocked(tk *sliceTake, r, t int64, now time.Time) {
 	if t >= 0 {
 		for j := range st.held {
 			h := &st.held[j]
@@ -862,18 +860,10 @@ func (s *slicer) giveBack(tk sliceTake, r, t int64, now time.Time) {
 	st.retLocked(tk.bucket, r, t)
 }
 
-// giveBackBudget returns amount micro-USD of a budget take (< 0: a debt):
-// into its slice while that is held and usable, else to Redis. With
-// alerts it also appends to *alerts the budget alerts the scope's carves
-// crossed since the last settlement (under the same lock).
-func (s *slicer) giveBackBudget(tk sliceTake, amount int64, now time.Time, alerts *[]BudgetAlert) {
-	st := tk.sc
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if alerts != nil && len(st.alerts) > 0 {
-		*alerts = append(*alerts, st.alerts...)
-		st.alerts = nil
-	}
+// giveBackBudgetLocked returns amount micro-USD of a budget take (< 0: a
+// debt): into its slice while that is held and usable, else to Redis;
+// st.mu held.
+func (st *sliceScope) giveBackBudgetLocked(tk *sliceTake, amount int64, now time.Time) {
 	if amount == 0 {
 		return
 	}
@@ -892,12 +882,10 @@ func (s *slicer) giveBackBudget(tk sliceTake, amount int64, now time.Time, alert
 	st.bretLocked(tk.widx, tk.epoch, amount)
 }
 
-// releasePar ends a request's use of a member: free again, or given back
-// when the scope's limit changed or its members are no longer renewed.
-func (s *slicer) releasePar(tk sliceTake) {
-	st := tk.sc
-	st.mu.Lock()
-	defer st.mu.Unlock()
+// releaseParLocked ends a request's use of a member: free again, or given
+// back when the scope's limit changed or its members are no longer
+// renewed; st.mu held.
+func (st *sliceScope) releaseParLocked(tk *sliceTake) {
 	st.puse--
 	if _, held := st.pall[tk.member]; !held {
 		return // dropped (renewals failed): it expires in Redis by itself
@@ -919,40 +907,48 @@ func (s *slicer) rollback(takes []sliceTake) {
 // the cost reservation are replaced by the real usage, the members freed;
 // a cancelled request gives everything back. It returns the budget alerts
 // carves of these scopes crossed since the last settlement.
+//
+// Each scope's lock is taken once for all of its takes (take appends a
+// scope's takes one after the other), as in take: every request of a
+// scope passes through its lock.
 func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []BudgetAlert {
 	var alerts []BudgetAlert
-	var now time.Time // read once, when a take needs it
-	clock := func() time.Time {
-		if now.IsZero() {
-			now = s.now()
+	now := s.now()
+	for i := 0; i < len(takes); {
+		st := takes[i].sc
+		j := i + 1
+		for j < len(takes) && takes[j].sc == st {
+			j++
 		}
-		return now
-	}
-	for _, tk := range takes {
-		switch tk.kind {
-		case takeRate:
-			switch {
-			case cancel:
-				s.giveBack(tk, tk.r, tk.t, clock())
-			case tk.hasTPM:
-				if d := tk.t - max(tokens, 0); d != 0 {
-					s.giveBack(tk, 0, d, clock())
+		st.mu.Lock()
+		for k := i; k < j; k++ {
+			tk := &takes[k]
+			switch tk.kind {
+			case takeRate:
+				switch {
+				case cancel:
+					st.giveBackLocked(tk, tk.r, tk.t, now)
+				case tk.hasTPM:
+					if d := tk.t - max(tokens, 0); d != 0 {
+						st.giveBackLocked(tk, 0, d, now)
+					}
 				}
+			case takeBudget:
+				if cancel {
+					st.giveBackBudgetLocked(tk, tk.cost, now)
+					break
+				}
+				st.giveBackBudgetLocked(tk, tk.cost-max(cost, 0), now)
+				if len(st.alerts) > 0 {
+					alerts = append(alerts, st.alerts...)
+					st.alerts = nil
+				}
+			case takePar:
+				st.releaseParLocked(tk)
 			}
-		case takeBudget:
-			d := tk.cost
-			if !cancel {
-				d = tk.cost - max(cost, 0)
-			}
-			switch {
-			case cancel:
-				s.giveBackBudget(tk, d, clock(), nil)
-			default:
-				s.giveBackBudget(tk, d, clock(), &alerts)
-			}
-		case takePar:
-			s.releasePar(tk)
 		}
+		st.mu.Unlock()
+		i = j
 	}
 	return alerts
 }
