@@ -107,10 +107,13 @@ bench-proxy: services
 bench-brownout: services
 	$(GO) test -run '^$$' -bench '^BenchmarkBrownout$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
-## bench-limits: limits overhead in one run (docs/limits.md): one data plane, a key without limits vs a key
-## limited at key, team and org level (windows kept full), a dedicated redis-server; asserts one Redis round trip
-## before forwarding (+ one settle after), reports throughput on/off at c=64 (target ≥ 0.8; the median of the
-## rounds' paired ratios) and added p50; 5 interleaved rounds. SLUICE_BENCH_CPUPROFILE=file profiles a limited phase.
+## bench-limits: limits overhead in one run (docs/limits.md): a key without limits, a key limited at key, team and
+## org level by every kind (windows kept full) and a rpm/tpm-only key, through an exact data plane and through a
+## sliced one (quota slices), on a dedicated redis-server sharing the cores; asserts one Redis round trip before
+## forwarding exactly (+ one settle after) and none from slices; 5 rounds, within each the keys of a data plane
+## alternate request by request at c=1 and take half-second turns at c=64; reports each key's throughput against
+## the key without limits on the same data plane (median of the rounds' ratios, min–max), added p50, CPU,
+## allocations and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
 bench-limits: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
