@@ -133,7 +133,7 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1
 // copies what it keeps).
 type scopeCache struct {
 	cat *catalog.Catalog
-	m   sync.Map // scopeCacheKey → []limits.Scope
+	m   sync.Map // scopeCacheKey → *cachedScopes
 	n   atomic.Int64
 }
 
@@ -174,15 +174,27 @@ func (x *exchange) scopes() []limits.Scope {
 	}
 	k := scopeCacheKey{key: p.Key, user: p.User, member: p.Member, team: p.Team, org: p.Org, cust: x.cust, group: x.group}
 	if v, ok := c.m.Load(k); ok {
-		return v.([]limits.Scope)
+		cs := v.(*cachedScopes)
+		x.scopesChecked = cs.checked
+		return cs.scopes
 	}
 	scopes := limitScopes(p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
 	if c.n.Load() < maxCachedScopeSets {
-		if _, loaded := c.m.LoadOrStore(k, scopes); !loaded {
+		// Checked once for all the requests that share them: the limiter
+		// does not check them again (limits.Request.ScopesChecked).
+		cs := &cachedScopes{scopes: scopes, checked: limits.ValidateScopes(scopes) == nil}
+		if _, loaded := c.m.LoadOrStore(k, cs); !loaded {
 			c.n.Add(1)
 		}
 	}
 	return scopes
+}
+
+// cachedScopes is a scopeCache entry: a request's scopes, and whether
+// limits.ValidateScopes accepted them.
+type cachedScopes struct {
+	scopes  []limits.Scope
+	checked bool
 }
 
 // scopeArena is where limitScopes puts a request's first scopes and
@@ -272,7 +284,8 @@ func (x *exchange) admit(ctx context.Context, w http.ResponseWriter, cands []can
 	if e != nil {
 		return e
 	}
-	req := limits.Request{OrgID: x.p.Key.GetOrgId(), RequestID: x.id, Scopes: scopes, EstTokens: est, MaxCostMicros: maxCost}
+	req := limits.Request{OrgID: x.p.Key.GetOrgId(), RequestID: x.id, Scopes: scopes, EstTokens: est, MaxCostMicros: maxCost,
+		ScopesChecked: x.scopesChecked}
 	x.estTokens = est
 	if h.cfg.Limiter == nil {
 		h.m.limitsUnavailable.WithLabelValues("admit").Inc()

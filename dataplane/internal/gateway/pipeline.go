@@ -106,10 +106,13 @@ type exchange struct {
 	lease     *limits.Lease
 	localReq  *limits.Request
 	estTokens int64
-	leases    liveLeases
-	renewal   *renewal
-	renewalV  renewal // what renewal points to (one allocation less per request)
-	abort     context.CancelCauseFunc
+	// scopesChecked: the request's scopes came from the handler's cache,
+	// checked by limits.ValidateScopes when cached.
+	scopesChecked bool
+	leases        liveLeases
+	renewal       *renewal
+	renewalV      renewal // what renewal points to (one allocation less per request)
+	abort         context.CancelCauseFunc
 	// prog is what renewals report of the request, lostPrices the prices
 	// of its report before it is forwarded (lease.go).
 	prog       progress

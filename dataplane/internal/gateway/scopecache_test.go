@@ -35,6 +35,7 @@ func TestScopesCachedPerCatalog(t *testing.T) {
 	require.Equal(t, []limitsScopeView{{"key", "k1", 0, 100_000, 10_000_000}, {"org", "o1", 5000, 0, 0}}, first)
 	a, b := x.scopes(), x.scopes()
 	require.Same(t, &a[0], &b[0], "the second request of the catalog reuses the scopes")
+	require.True(t, x.scopesChecked, "cached scopes were checked once, when cached (limits.Request.ScopesChecked)")
 
 	// A new snapshot lowers the key's tpm: its catalog's scopes carry it.
 	e.snap.Keys[0].Limits.TpmLimit = ptr[int64](50_000)
@@ -52,6 +53,7 @@ func TestScopesCachedPerCatalog(t *testing.T) {
 	c, d := jx.scopes(), jx.scopes()
 	require.Len(t, c, 1)
 	require.NotSame(t, &c[0], &d[0])
+	require.False(t, jx.scopesChecked, "a JWT's scopes are checked by each admission")
 }
 
 type limitsScopeView struct {

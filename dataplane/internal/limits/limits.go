@@ -153,6 +153,23 @@ type Request struct {
 	// Prefill, when set, accounts the request's prefill on one of its
 	// scopes (lua/common.lua, "Prefill accounting").
 	Prefill *Prefill
+	// ScopesChecked tells Admit that ValidateScopes accepted Scopes (a
+	// caller that builds one set of scopes for many requests checks it
+	// once); the rest of the request is checked each time.
+	ScopesChecked bool
+}
+
+// ValidateScopes checks scopes as Admit does: a set it accepts may be
+// admitted with Request.ScopesChecked.
+func ValidateScopes(scopes []Scope) error {
+	var errs []error
+	for i := range scopes {
+		errs = validateScope(errs, i, &scopes[i], nil)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+	}
+	return nil
 }
 
 // Reporter supplies a request's report (Request.Reporter). Report may be
@@ -634,30 +651,45 @@ func validateUnits(req *Request, withUnits bool) ([]budget.Unit, error) {
 	if withUnits {
 		units = make([]budget.Unit, len(req.Scopes))
 	}
-	for i, s := range req.Scopes {
-		if !validKinds[s.Kind] || s.ID == "" {
-			errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
-		}
-		if s.RPM < 0 || s.TPM < 0 || s.MaxParallel < 0 {
-			errs = append(errs, fmt.Errorf("scope %s %s: negative limit", s.Kind, s.ID))
-		}
-		if s.Budget != nil {
-			u, err := budget.ParseWindow(s.Budget.Window)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("scope %s %s: %w", s.Kind, s.ID, err))
-			}
-			if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 {
-				errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
-			}
+	// Scopes checked before (ScopesChecked) are not checked again unless
+	// their budget windows' units are wanted.
+	if withUnits || !req.ScopesChecked {
+		for i := range req.Scopes {
+			var u *budget.Unit
 			if withUnits {
-				units[i] = u
+				u = &units[i]
 			}
+			errs = validateScope(errs, i, &req.Scopes[i], u)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
 	}
 	return units, nil
+}
+
+// validateScope appends what is wrong with scope i to errs; unit, when
+// not nil, receives its budget window's unit.
+func validateScope(errs []error, i int, s *Scope, unit *budget.Unit) []error {
+	if !validKinds[s.Kind] || s.ID == "" {
+		errs = append(errs, fmt.Errorf("scope %d: kind %q / id %q", i, s.Kind, s.ID))
+	}
+	if s.RPM < 0 || s.TPM < 0 || s.MaxParallel < 0 {
+		errs = append(errs, fmt.Errorf("scope %s %s: negative limit", s.Kind, s.ID))
+	}
+	if s.Budget != nil {
+		u, err := budget.ParseWindow(s.Budget.Window)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("scope %s %s: %w", s.Kind, s.ID, err))
+		}
+		if s.Budget.CapMicros < 0 || s.Budget.SoftMicros < 0 {
+			errs = append(errs, fmt.Errorf("scope %s %s: negative budget amount", s.Kind, s.ID))
+		}
+		if unit != nil {
+			*unit = u
+		}
+	}
+	return errs
 }
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }

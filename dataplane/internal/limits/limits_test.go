@@ -662,7 +662,21 @@ func TestInvalidRequests(t *testing.T) {
 	} {
 		_, err := b.lim.Admit(context.Background(), r)
 		require.ErrorIs(t, err, ErrInvalidRequest, "%+v", r)
+		// ValidateScopes refuses the scopes Admit refuses (a caller that
+		// checks them once, Request.ScopesChecked) and accepts the rest.
+		if err := ValidateScopes(r.Scopes); len(r.Scopes) > 0 {
+			require.ErrorIs(t, err, ErrInvalidRequest, "%+v", r.Scopes)
+		} else {
+			require.NoError(t, err)
+		}
+		// The rest of the request is checked whatever ScopesChecked says.
+		if len(r.Scopes) == 0 {
+			r.ScopesChecked = true
+			_, err = b.lim.Admit(context.Background(), r)
+			require.ErrorIs(t, err, ErrInvalidRequest, "%+v", r)
+		}
 	}
+	require.NoError(t, ValidateScopes([]Scope{{Kind: KindKey, ID: "k", RPM: 10, Budget: &Budget{CapMicros: 1, Window: "7d"}}, {Kind: KindOrg, ID: "o", MaxParallel: 3}}))
 }
 
 // TestBudgetWindowLuaMatchesGo checks that budget_window in lua/common.lua

