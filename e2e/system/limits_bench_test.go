@@ -210,13 +210,6 @@ func (c *llRESP) evalshaCalls(tb testing.TB) int64 {
 	return llCmdCalls(info, "evalsha")
 }
 
-// evalshaUsec returns Redis's total execution time of EVALSHA calls (µs).
-func (c *llRESP) evalshaUsec(tb testing.TB) int64 {
-	info, err := c.do("INFO", "commandstats")
-	require.NoError(tb, err)
-	return llCmdStat(info, "evalsha", "usec")
-}
-
 // llCmdCalls extracts cmdstat_<cmd>:calls=N from INFO commandstats.
 func llCmdCalls(info, cmd string) int64 { return llCmdStat(info, cmd, "calls") }
 
@@ -962,10 +955,6 @@ type llResult struct {
 	allocsPerReq, bytesPerReq float64
 }
 
-func (r *llRig) measure(tb testing.TB, tok string, rc *llRESP, settle func()) llResult {
-	return r.measureOn(tb, r.p, tok, rc, settle)
-}
-
 // sliceCalls is the slice worker's carve.lua calls so far (0 without the
 // sliced data plane).
 func (r *llRig) sliceCalls() int64 {
@@ -973,11 +962,6 @@ func (r *llRig) sliceCalls() int64 {
 		return 0
 	}
 	return r.ps.DP.LimitSliceStats().CarveCalls
-}
-
-// measureOn measures tok's requests through p.
-func (r *llRig) measureOn(tb testing.TB, p *proxy, tok string, rc *llRESP, settle func()) llResult {
-	return r.measureGroup(tb, p, []string{tok}, rc, settle)[0]
 }
 
 // llTurn is one key's turn in an interleaved measurement (measureGroup):

@@ -196,11 +196,21 @@ func TestProxyEndToEnd(t *testing.T) {
 
 	// A request is counted when it has settled, which can trail the
 	// client's last read: wait for both chat completions to be counted.
+	// (The metrics are printed when the count is not reached: a message
+	// argument would be evaluated before the first poll.)
 	var metrics string
-	harness.Eventually(t, func() bool {
+	if !harness.Until(func() bool {
 		_, metrics = get(t, p.URL+"/metrics")
 		return strings.Contains(metrics, `sluice_proxy_requests_total{model_group="qwen-30b",route="/v1/chat/completions",status_class="2xx"} 2`+"\n")
-	}, 10*time.Second, 10*time.Millisecond, "%s", metrics)
+	}, 10*time.Second, 10*time.Millisecond) {
+		var counted []string
+		for line := range strings.Lines(metrics) {
+			if strings.HasPrefix(line, "sluice_proxy_requests_total{") {
+				counted = append(counted, strings.TrimSpace(line))
+			}
+		}
+		t.Fatalf("the two chat completions (one streamed) were not counted 2xx within 10s; requests counted: %q", counted)
+	}
 	require.Contains(t, metrics, `sluice_proxy_upstream_errors_total{deployment=`)
 	require.Contains(t, metrics, `sluice_dataplane_auth_total{result="ok"}`)
 	require.Contains(t, metrics, "sluice_proxy_ttft_seconds_bucket")
