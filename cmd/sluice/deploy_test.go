@@ -511,3 +511,37 @@ func TestDockerfileBuild(t *testing.T) {
 		}
 	}
 }
+
+// argsNotAtDefault are manifest arguments that differ from the flag's
+// default on purpose, with the reason.
+var argsNotAtDefault = map[string]map[string]string{}
+
+// TestDeployArgsAtDefaults: the manifests' arguments sit under "Settings
+// that have no environment variable, at their defaults"; each must equal
+// its flag's default (or be listed in argsNotAtDefault with the reason).
+// --limit-slices=false stayed in the data plane's manifest when slices
+// became the default, so a cluster ran exact admission only.
+func TestDeployArgsAtDefaults(t *testing.T) {
+	_, containers := renderKustomization(t)
+	for _, rc := range containers {
+		sub := rc.c.Command[len(rc.c.Command)-1]
+		defs := map[string]string{}
+		for _, f := range helpFlags(t, sub) {
+			defs[f.name] = f.def
+		}
+		for _, a := range rc.args {
+			name, v, ok := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if !ok {
+				continue
+			}
+			def, known := defs[name]
+			if !known || argsNotAtDefault[sub][name] != "" {
+				continue
+			}
+			zero := def == "" && (v == "" || v == "false" || v == "0" || v == "0s")
+			if !zero && !sameDefault(def, v) {
+				t.Errorf("%s: `sluice %s` argument --%s=%s, its default is %q: set the default, or list it in argsNotAtDefault with the reason", rc.obj, sub, name, v, def)
+			}
+		}
+	}
+}
