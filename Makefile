@@ -111,7 +111,7 @@ bench-brownout: services
 ## org level by every kind (windows kept full) and a rpm/tpm-only key, through an exact data plane and through a
 ## sliced one (quota slices), on a dedicated redis-server sharing the cores; asserts one Redis round trip before
 ## forwarding exactly (+ one settle after) and none from slices; 5 rounds, within each the keys of a data plane
-## alternate request by request at c=1 and take half-second turns at c=64; reports each key's throughput against
+## alternate request by request at c=1 and take 150 ms turns at c=64; reports each key's throughput against
 ## the key without limits on the same data plane (median of the rounds' ratios, min–max), added p50, CPU,
 ## allocations and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
 bench-limits: services

@@ -187,7 +187,7 @@ func (c *llRESP) evalshaStats(tb testing.TB) (calls, usec int64) {
 
 // redisCPU returns redis-server's CPU time (INFO cpu: used_cpu_sys +
 // used_cpu_user, to the microsecond; /proc counts in 10 ms ticks, too
-// coarse for half-second turns).
+// coarse for turns of 150 ms).
 func (c *llRESP) redisCPU(tb testing.TB) time.Duration {
 	info, err := c.do("INFO", "cpu")
 	require.NoError(tb, err)
@@ -966,8 +966,13 @@ func (r *llRig) sliceCalls() int64 {
 
 // llTurn is one key's turn in an interleaved measurement (measureGroup):
 // the keys of a group take turns of this length until each has had
-// llBenchLoad.
-const llTurn = 500 * time.Millisecond
+// llBenchLoad. A key waits two turns for its next one: that idle gap stays
+// under limits.DefaultSliceLinger (500 ms), after which a scope gives back
+// its free budget and concurrency slices, so that each turn does not start
+// with exact admissions until the next carve, as steady traffic would not
+// (with half-second turns the every-kind key made 0.002–0.003 EVALSHA per
+// request, with 150 ms turns 0.001).
+const llTurn = 150 * time.Millisecond
 
 // llSample is what measureGroup reads at each turn's end.
 type llSample struct {
@@ -985,7 +990,7 @@ type llSample struct {
 // (the same 64 connections; whatever a turn costs the process and Redis
 // is the key's). A shared VM's speed drifts by 2× over minutes here, so
 // keys measured one after the other for seconds each compare the machine
-// as much as the keys; turns of half a second compare the keys.
+// as much as the keys; short turns compare the keys.
 // The settle retries and the pipelining figures are the group's.
 func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP, settle func()) []llResult {
 	tb.Helper()
