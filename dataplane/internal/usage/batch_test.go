@@ -195,7 +195,14 @@ func TestNATSOutageMidBatchSpoolsAndReplaysEveryEvent(t *testing.T) {
 	require.Len(t, ids, n, "nothing lost")
 	st = p.Stats()
 	require.Zero(t, st.Dropped)
-	require.Positive(t, st.Retries)
+	// Whether any batch is republished depends on timing: a batch
+	// published while the client reconnects waits in its reconnect buffer
+	// and is acknowledged once NATS is back unless its ack times out
+	// first. Both ways end with every event in the stream exactly once
+	// (above). Retries that keep their message ids, so that JetStream
+	// stores one copy, are TestNATSDownEventsWaitInTheBufferAndArriveAfter's
+	// (NATS down before the first publish: retries are certain there). A
+	// CI run found Retries 0 here.
 	t.Logf("stats after the outage: %+v", st)
 }
 
