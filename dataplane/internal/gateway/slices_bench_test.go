@@ -59,63 +59,8 @@ func (discardUsage) Record(*usagev1.UsageEvent) {}
 // stretched by other load on a shared machine). The _c64 variants run 64
 // requests at a time, as make bench-limits' throughput phase does.
 func BenchmarkSlicedKey(b *testing.B) {
-	prefix := "pbs" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
-	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
-	require.NoError(b, err)
-	b.Cleanup(func() { _ = pipe.Close() })
-	lim, err := limits.New(limits.Config{Pipe: pipe, KeyPrefix: prefix, CallTimeout: time.Second,
-		Slices: limits.SliceConfig{Enabled: true},
-		Seeds: func(_ context.Context, _ string, needs []limits.SeedNeed) ([]int64, error) {
-			return make([]int64, len(needs)), nil
-		}})
-	require.NoError(b, err)
-	require.NoError(b, lim.Bootstrap(context.Background(), "o1"))
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = lim.RunSlices(ctx) }()
-	b.Cleanup(func() { cancel(); wg.Wait() })
-
-	e := newEnv(b, func(c *Config) { c.Limiter, c.Usage, c.Transport = lim, discardUsage{}, memUpstream{} })
-	all := func() *configv1.Limits {
-		return &configv1.Limits{RpmLimit: ptr[int64](1e10), TpmLimit: ptr[int64](1e12), MaxParallelRequests: ptr[int64](1e5),
-			MaxBudget: ptr(1e6), BudgetDuration: "1d"}
-	}
-	e.snap.Orgs[0].Limits = all()
-	e.snap.Teams[0].Limits = all()
-	on := e.key("kon", func(k *configv1.Key) { k.Limits = all() })
-	// The unlimited key: an org, team and user of its own, without limits.
-	e.snap.Orgs = append(e.snap.Orgs, &configv1.Org{Id: "o2"})
-	e.snap.Teams = append(e.snap.Teams, &configv1.Team{Id: "t2", OrgId: "o2"})
-	e.snap.Users = append(e.snap.Users, &configv1.User{Id: "u2", OrgId: "o2"})
-	e.snap.Members = append(e.snap.Members, &configv1.Member{TeamId: "t2", UserId: "u2", OrgId: "o2"})
-	off := e.key("koff", func(k *configv1.Key) { k.OrgId, k.TeamId, k.UserId = "o2", "t2", "u2" })
-	e.group("m")
-	e.deploy("d1", "m", "http://upstream.invalid/v1", nil)
-	e.apply()
-	mux := http.NewServeMux()
-	e.h.Register(mux)
-	do := func(tok string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchSliceBody))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer "+tok)
-		w := httptest.NewRecorder()
-		mux.ServeHTTP(w, req)
-		return w
-	}
-	for _, tok := range []string{off, on} {
-		w := do(tok)
-		require.Equal(b, http.StatusOK, w.Code, w.Body.String())
-	}
-	// Warm up until the limited key is admitted from slices (no Redis
-	// call: its settlement is local too).
-	require.Eventually(b, func() bool {
-		for range 50 {
-			do(on)
-		}
-		s := lim.SliceStats()
-		return s.HeldSlots > 0 && s.HeldBudgetMicros > 0 && s.HeldR > 0
-	}, 10*time.Second, time.Millisecond)
+	e, lim, on, off := newSlicedBench(b)
+	do := func(tok string) *httptest.ResponseRecorder { return serveSliceBench(e, tok) }
 	for _, c := range []struct{ name, tok string }{{"off", off}, {"sliced", on}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -160,6 +105,72 @@ func BenchmarkSlicedKey(b *testing.B) {
 	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer ccancel()
 	require.NoError(b, e.h.Drain(cctx))
+}
+
+// newSlicedBench is BenchmarkSlicedKey's handler: a key limited by every
+// kind at key, team and org level, warmed up until it is admitted from
+// slices, and a key without limits (an org, team and user of its own).
+func newSlicedBench(b *testing.B) (e *env, lim *limits.Limiter, on, off string) {
+	prefix := "pbs" + strconv.FormatInt(time.Now().UnixNano(), 36) + ":"
+	pipe, err := redispipe.New(redispipe.Options{Addr: redisAddr})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = pipe.Close() })
+	lim, err = limits.New(limits.Config{Pipe: pipe, KeyPrefix: prefix, CallTimeout: time.Second,
+		Slices: limits.SliceConfig{Enabled: true},
+		Seeds: func(_ context.Context, _ string, needs []limits.SeedNeed) ([]int64, error) {
+			return make([]int64, len(needs)), nil
+		}})
+	require.NoError(b, err)
+	require.NoError(b, lim.Bootstrap(context.Background(), "o1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = lim.RunSlices(ctx) }()
+	b.Cleanup(func() { cancel(); wg.Wait() })
+
+	e = newEnv(b, func(c *Config) { c.Limiter, c.Usage, c.Transport = lim, discardUsage{}, memUpstream{} })
+	all := func() *configv1.Limits {
+		return &configv1.Limits{RpmLimit: ptr[int64](1e10), TpmLimit: ptr[int64](1e12), MaxParallelRequests: ptr[int64](1e5),
+			MaxBudget: ptr(1e6), BudgetDuration: "1d"}
+	}
+	e.snap.Orgs[0].Limits = all()
+	e.snap.Teams[0].Limits = all()
+	on = e.key("kon", func(k *configv1.Key) { k.Limits = all() })
+	// The unlimited key: an org, team and user of its own, without limits.
+	e.snap.Orgs = append(e.snap.Orgs, &configv1.Org{Id: "o2"})
+	e.snap.Teams = append(e.snap.Teams, &configv1.Team{Id: "t2", OrgId: "o2"})
+	e.snap.Users = append(e.snap.Users, &configv1.User{Id: "u2", OrgId: "o2"})
+	e.snap.Members = append(e.snap.Members, &configv1.Member{TeamId: "t2", UserId: "u2", OrgId: "o2"})
+	off = e.key("koff", func(k *configv1.Key) { k.OrgId, k.TeamId, k.UserId = "o2", "t2", "u2" })
+	e.group("m")
+	e.deploy("d1", "m", "http://upstream.invalid/v1", nil)
+	e.apply()
+	do := func(tok string) *httptest.ResponseRecorder { return serveSliceBench(e, tok) }
+	for _, tok := range []string{off, on} {
+		w := do(tok)
+		require.Equal(b, http.StatusOK, w.Code, w.Body.String())
+	}
+	// Warm up until the limited key is admitted from slices (no Redis
+	// call: its settlement is local too).
+	require.Eventually(b, func() bool {
+		for range 50 {
+			do(on)
+		}
+		s := lim.SliceStats()
+		return s.HeldSlots > 0 && s.HeldBudgetMicros > 0 && s.HeldR > 0
+	}, 10*time.Second, time.Millisecond)
+	return e, lim, on, off
+}
+
+// serveSliceBench serves one benchSliceBody request of key tok, in
+// process (no connection).
+func serveSliceBench(e *env, tok string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(benchSliceBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+tok)
+	w := httptest.NewRecorder()
+	e.srv.Config.Handler.ServeHTTP(w, req)
+	return w
 }
 
 // processCPU is the process's user and system CPU so far.

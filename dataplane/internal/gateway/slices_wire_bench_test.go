@@ -1,0 +1,137 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicegw/sluice/dataplane/internal/limits"
+	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+)
+
+// wireTurnRequests is the number of requests of one variant per turn of
+// BenchmarkSlicedKeyWire.
+const wireTurnRequests = 2000
+
+// BenchmarkSlicedKeyWire is BenchmarkSlicedKey over loopback connections:
+// 64 clients (net/http's) on keep-alive connections to the handler's
+// server, so that the answer's headers cost what they cost on both sides
+// of a connection, as in make bench-limits, while the upstream stays in
+// memory. Three variants take turns of wireTurnRequests requests, b.N
+// turns each, in an order that rotates (a turn ends when its requests are
+// answered):
+//
+//   - off: the key without limits;
+//   - headers: another key without limits (of the same org, team and
+//     user), its answers carrying the six x-ratelimit-* fields of a
+//     limited answer (setRateHeaders, values as long as the limited
+//     key's): what the fields SPEC §8.5 requires cost, apart from the
+//     limiter's work;
+//   - sliced: the key limited by every kind at key, team and org level,
+//     admitted from quota slices.
+//
+// It reports each variant's CPU, allocations and bytes per request, and
+// the medians over the rounds of headers/off and sliced/off throughput
+// (issue 15: sliced ≥ 0.95× off).
+func BenchmarkSlicedKeyWire(b *testing.B) {
+	e, _, on, off := newSlicedBench(b)
+	ctl := e.key("kctl", func(k *configv1.Key) { k.OrgId, k.TeamId, k.UserId = "o2", "t2", "u2" })
+	e.apply()
+	ctlAuth := "Bearer " + ctl
+	inner := e.srv.Config.Handler
+	rh := limits.RateHeaders{LimitRequests: 1e10, RemainingRequests: 1e10 - 10, ResetRequests: time.Millisecond,
+		LimitTokens: 1e12, RemainingTokens: 1e12 - 1e4, ResetTokens: time.Millisecond}
+	e.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") == ctlAuth {
+			setRateHeaders(w.Header(), rh, false)
+		}
+		inner.ServeHTTP(w, r)
+	})
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, MaxConnsPerHost: 64}
+	b.Cleanup(tr.CloseIdleConnections)
+	c := &http.Client{Transport: tr}
+	var failed atomic.Value
+	type variant struct{ name, tok string }
+	vars := []variant{{"off", off}, {"headers", ctl}, {"sliced", on}}
+	chat := func(v variant) {
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(benchSliceBody))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+v.tok)
+		resp, err := c.Do(req)
+		if err != nil {
+			failed.Store(err)
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			failed.Store(resp.Status)
+		} else if got := resp.Header.Get("X-Ratelimit-Limit-Requests") != ""; got != (v.tok != off) {
+			failed.Store("x-ratelimit-limit-requests present: " + v.name)
+		}
+	}
+	type cost struct {
+		wall, cpu      time.Duration
+		mallocs, bytes uint64
+	}
+	// turn runs n requests of v on 64 workers.
+	turn := func(v variant, n int) cost {
+		var ms0, ms1 runtime.MemStats
+		runtime.ReadMemStats(&ms0)
+		cpu0, t0 := processCPU(), time.Now()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range 64 {
+			wg.Go(func() {
+				for next.Add(1) <= int64(n) {
+					chat(v)
+				}
+			})
+		}
+		wg.Wait()
+		c := cost{wall: time.Since(t0), cpu: processCPU() - cpu0}
+		runtime.ReadMemStats(&ms1)
+		c.mallocs, c.bytes = ms1.Mallocs-ms0.Mallocs, ms1.TotalAlloc-ms0.TotalAlloc
+		return c
+	}
+	for _, v := range vars {
+		turn(v, wireTurnRequests) // connections and warm-up
+	}
+	sum := make([]cost, len(vars))
+	ratios := make([][]float64, len(vars))
+	b.ResetTimer()
+	for i := range b.N {
+		round := make([]cost, len(vars))
+		for j := range vars {
+			k := (i + j) % len(vars) // each variant goes first in turn
+			round[k] = turn(vars[k], wireTurnRequests)
+			sum[k].wall += round[k].wall
+			sum[k].cpu += round[k].cpu
+			sum[k].mallocs += round[k].mallocs
+			sum[k].bytes += round[k].bytes
+		}
+		for k := range vars {
+			ratios[k] = append(ratios[k], float64(round[0].wall)/float64(round[k].wall))
+		}
+		if v := failed.Load(); v != nil {
+			b.Fatal(v)
+		}
+	}
+	b.StopTimer()
+	n := float64(b.N * wireTurnRequests)
+	for k, v := range vars {
+		b.ReportMetric(float64(sum[k].cpu.Nanoseconds())/n, v.name+"-cpu-ns/req")
+		b.ReportMetric(float64(sum[k].mallocs)/n, v.name+"-allocs/req")
+		b.ReportMetric(float64(sum[k].bytes)/n, v.name+"-B/req")
+		if k > 0 {
+			slices.Sort(ratios[k])
+			b.ReportMetric(ratios[k][len(ratios[k])/2], v.name+"/off-throughput")
+		}
+	}
+}
