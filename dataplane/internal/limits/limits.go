@@ -727,7 +727,7 @@ func (l *Limiter) Admit(ctx context.Context, req Request) (Decision, error) {
 	lease.orgID, lease.requestID, lease.est, lease.reserved, lease.local = req.OrgID, req.RequestID, req.EstTokens, req.MaxCostMicros, takes
 	for _, tk := range takes {
 		lease.localTPM = lease.localTPM || tk.hasTPM
-		lease.localHold = lease.localHold || tk.kind != takeRate
+		lease.localHold = lease.localHold || tk.has(takeBudget|takePar)
 	}
 	if len(rest) == 0 {
 		// Every limit fitted its slices: no round trip.

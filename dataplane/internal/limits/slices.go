@@ -245,26 +245,33 @@ type sliceScope struct {
 	lastBud  time.Time // last budget demand
 }
 
-// Kinds of a sliceTake.
+// Kinds of limits a sliceTake holds (bits of sliceTake.kinds).
 const (
-	takeRate uint8 = iota
+	takeRate uint8 = 1 << iota
 	takeBudget
 	takePar
 )
 
-// sliceTake is the part of a request admitted from a slice of one scope.
+// sliceTake is what a request took from the slices of one scope: one per
+// scope, with a bit per kind taken (kinds), so that a request limited by
+// every kind at key, team and org level makes three.
 type sliceTake struct {
-	sc     *sliceScope
-	bucket int64 // rate: the slice's bucket
-	r, t   int64
-	// budget: the reservation, its window and epoch
+	sc *sliceScope
+	// rate: the slice's bucket, the request (0 or 1) and its tokens
+	bucket, r, t int64
+	// budget: the reservation, its window and epoch, and the generation
+	// of the scope's budget slices it was taken under
 	cost, widx, epoch int64
+	bgen              uint64
 	// concurrency: the member, and the generation it was taken under
 	member string
-	gen    uint64
-	kind   uint8 // last: the two small fields share one word
+	pgen   uint64
+	kinds  uint8
 	hasTPM bool
 }
+
+// has reports whether the take holds a limit of kind k.
+func (tk *sliceTake) has(k uint8) bool { return tk.kinds&k != 0 }
 
 // slicer holds the slices of one Limiter.
 type slicer struct {
@@ -567,13 +574,9 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			continue
 		}
 		if takes == nil {
-			// At most one take per kind sliced of this scope and the next,
+			// At most one take for this scope and each of the next,
 			// allocated with the lease of a request that fits its slices.
-			n := 0
-			for j := i; j < len(req.Scopes); j++ {
-				n += boolInt(s.rateOK(&req.Scopes[j])) + boolInt(s.budgetOK(&req.Scopes[j])) + boolInt(s.parOK(&req.Scopes[j]))
-			}
-			if n <= len(slicedLease{}.takes) {
+			if n := len(req.Scopes) - i; n <= len(slicedLease{}.takes) {
 				sl := new(slicedLease)
 				sl.lease.born = now // Admit's, if it admits from slices alone
 				lease, takes = &sl.lease, sl.takes[:0:n]
@@ -582,6 +585,7 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			}
 		}
 		st := s.scope(req.OrgID, sc)
+		tk := sliceTake{sc: st}
 		st.mu.Lock()
 		// The limits changed (admin API, snapshot): slices carved under
 		// the old ones are returned, none is used again.
@@ -609,7 +613,8 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 					h.gR-h.r+needR <= h.wR && h.gT-h.t+needT <= h.wT {
 					h.r -= needR
 					h.t -= needT
-					takes = append(takes, sliceTake{sc: st, kind: takeRate, bucket: h.bucket, r: needR, t: needT, hasTPM: sc.TPM > 0})
+					tk.kinds |= takeRate
+					tk.bucket, tk.r, tk.t, tk.hasTPM = h.bucket, needR, needT, sc.TPM > 0
 					tookR = true
 					break
 				}
@@ -629,7 +634,8 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 					now.Before(st.bsent.Add(s.lim.cfg.LeaseTTL-s.lim.cfg.RenewInterval)) {
 					h.free -= cost
 					st.bN += cost
-					takes = append(takes, sliceTake{sc: st, kind: takeBudget, cost: cost, widx: h.widx, epoch: h.epoch, gen: st.bgen})
+					tk.kinds |= takeBudget
+					tk.cost, tk.widx, tk.epoch, tk.bgen = cost, h.widx, h.epoch, st.bgen
 					tookB = true
 					break
 				}
@@ -641,7 +647,8 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 				m := st.pfree[n-1]
 				st.pfree = st.pfree[:n-1]
 				st.puse++
-				takes = append(takes, sliceTake{sc: st, kind: takePar, member: m, gen: st.pgen})
+				tk.kinds |= takePar
+				tk.member, tk.pgen = m, st.pgen
 				tookP = true
 				st.pdemand = max(st.pdemand, st.puse+st.pexact)
 			} else {
@@ -657,6 +664,9 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 			kick = true
 		}
 		st.mu.Unlock()
+		if tk.kinds != 0 {
+			takes = append(takes, tk)
+		}
 		if tookR {
 			lf &^= leftR
 		}
@@ -699,18 +709,11 @@ func (s *slicer) take(req *Request) (takes []sliceTake, rest []Scope, hdr RateHe
 }
 
 // slicedLease is the lease of a request admitted from slices and its
-// takes, allocated together: the usual key, team and org levels with all
-// four kinds of limits make nine takes.
+// takes, allocated together: one take per scope, for up to four scopes
+// (key, user or member, team and org levels).
 type slicedLease struct {
 	lease Lease
-	takes [12]sliceTake
-}
-
-func boolInt(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
+	takes [4]sliceTake
 }
 
 // unwait ends the slot demand of an exact admission (take's waits).
@@ -873,7 +876,7 @@ func (st *sliceScope) giveBackBudgetLocked(tk *sliceTake, amount int64, now time
 	if amount == 0 {
 		return
 	}
-	if amount > 0 && tk.gen == st.bgen {
+	if amount > 0 && tk.bgen == st.bgen {
 		st.bN = max(st.bN-amount, 0)
 	}
 	if amount > 0 {
@@ -896,7 +899,7 @@ func (st *sliceScope) releaseParLocked(tk *sliceTake) {
 	if _, held := st.pall[tk.member]; !held {
 		return // dropped (renewals failed): it expires in Redis by itself
 	}
-	if tk.gen == st.pgen && !st.plost {
+	if tk.pgen == st.pgen && !st.plost {
 		st.pfree = append(st.pfree, tk.member)
 		return
 	}
@@ -914,47 +917,40 @@ func (s *slicer) rollback(takes []sliceTake) {
 // a cancelled request gives everything back. It returns the budget alerts
 // carves of these scopes crossed since the last settlement.
 //
-// Each scope's lock is taken once for all of its takes (take appends a
-// scope's takes one after the other), as in take: every request of a
-// scope passes through its lock.
+// Each scope's lock is taken once for all of its kinds (one take per
+// scope), as in take: every request of a scope passes through its lock.
 func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []BudgetAlert {
 	var alerts []BudgetAlert
 	now := s.now()
-	for i := 0; i < len(takes); {
-		st := takes[i].sc
-		j := i + 1
-		for j < len(takes) && takes[j].sc == st {
-			j++
-		}
+	for i := range takes {
+		tk := &takes[i]
+		st := tk.sc
 		st.mu.Lock()
-		for k := i; k < j; k++ {
-			tk := &takes[k]
-			switch tk.kind {
-			case takeRate:
-				switch {
-				case cancel:
-					st.giveBackLocked(tk, tk.r, tk.t, now)
-				case tk.hasTPM:
-					if d := tk.t - max(tokens, 0); d != 0 {
-						st.giveBackLocked(tk, 0, d, now)
-					}
+		if tk.has(takeRate) {
+			switch {
+			case cancel:
+				st.giveBackLocked(tk, tk.r, tk.t, now)
+			case tk.hasTPM:
+				if d := tk.t - max(tokens, 0); d != 0 {
+					st.giveBackLocked(tk, 0, d, now)
 				}
-			case takeBudget:
-				if cancel {
-					st.giveBackBudgetLocked(tk, tk.cost, now)
-					break
-				}
+			}
+		}
+		if tk.has(takeBudget) {
+			if cancel {
+				st.giveBackBudgetLocked(tk, tk.cost, now)
+			} else {
 				st.giveBackBudgetLocked(tk, tk.cost-max(cost, 0), now)
 				if len(st.alerts) > 0 {
 					alerts = append(alerts, st.alerts...)
 					st.alerts = nil
 				}
-			case takePar:
-				st.releaseParLocked(tk)
 			}
 		}
+		if tk.has(takePar) {
+			st.releaseParLocked(tk)
+		}
 		st.mu.Unlock()
-		i = j
 	}
 	return alerts
 }
@@ -964,7 +960,7 @@ func (s *slicer) settle(takes []sliceTake, tokens, cost int64, cancel bool) []Bu
 func (s *slicer) requeueAlerts(takes []sliceTake, alerts []BudgetAlert) {
 	for _, a := range alerts {
 		for _, tk := range takes {
-			if tk.kind == takeBudget && tk.sc.scope == a.Scope {
+			if tk.has(takeBudget) && tk.sc.scope == a.Scope {
 				tk.sc.mu.Lock()
 				tk.sc.alerts = append(tk.sc.alerts, a)
 				tk.sc.mu.Unlock()
@@ -980,8 +976,9 @@ func (s *slicer) requeueAlerts(takes []sliceTake, alerts []BudgetAlert) {
 func (s *slicer) renewLocal(takes []sliceTake) RenewState {
 	now := s.now()
 	ttl, iv := s.lim.cfg.LeaseTTL, s.lim.cfg.RenewInterval
-	for _, tk := range takes {
-		if tk.kind != takePar {
+	for i := range takes {
+		tk := &takes[i]
+		if !tk.has(takePar) {
 			continue
 		}
 		st := tk.sc

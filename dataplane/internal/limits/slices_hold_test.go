@@ -16,7 +16,7 @@ import (
 
 func hasTake(l *Lease, kind uint8) bool {
 	for _, tk := range l.local {
-		if tk.kind == kind {
+		if tk.has(kind) {
 			return true
 		}
 	}
