@@ -13,7 +13,7 @@ TEST_TIMEOUT ?= 15m
 GOLANGCI_LINT_VERSION := v2.15.0
 LINT_BIN := $(HOME)/.cache/sluice-tools/golangci-lint-$(GOLANGCI_LINT_VERSION)/bin
 
-.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-humans-agents bench-fairness bench-usage bench-affinity bench-brownout fmt console-screenshots
+.PHONY: all generate tools services test test-short dev dev-load build build-static lint bench bench-distribution bench-limits bench-limits-split bench-limits-wire bench-humans-agents bench-fairness bench-usage bench-affinity bench-brownout fmt console-screenshots
 
 all: build
 
@@ -140,6 +140,12 @@ bench-affinity: services
 ## plane's CPU.
 bench-limits-split: services
 	SLUICE_BENCH_REDIS_CPU=1 SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} taskset -c 0 $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
+
+## bench-limits-wire: the sliced key's cost over loopback connections, in process (docs/limits.md, "The six header
+## fields"): the key without limits, the same with the six x-ratelimit-* fields on its answers (the control), and the
+## key limited by every kind at key, team and org level through quota slices; 30 rounds of 2,000 requests each at c=64.
+bench-limits-wire: services
+	$(GO) test -run '^$$' -bench '^BenchmarkSlicedKeyWire$$' -benchtime 30x -timeout 20m ./dataplane/internal/gateway/
 
 ## bench-usage: NATS + control-plane CPU per usage event, one event per JetStream message vs batches
 ## (docs/ledger.md, "Batches"): NATS and the control plane as their own processes, 5,000 events/s for 5 s per
