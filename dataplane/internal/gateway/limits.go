@@ -181,8 +181,9 @@ func (x *exchange) scopes() []limits.Scope {
 	scopes := limitScopes(p, x.cust, x.labels, x.group, h.cfg.RateFallbackDefault)
 	if c.n.Load() < maxCachedScopeSets {
 		// Checked once for all the requests that share them: the limiter
-		// does not check them again (limits.Request.ScopesChecked).
-		cs := &cachedScopes{scopes: scopes, checked: limits.ValidateScopes(scopes) == nil}
+		// does not check them again (limits.Request.ScopesChecked), and
+		// finds their quota slices through them (limits.PrepareScopes).
+		cs := &cachedScopes{scopes: scopes, checked: limits.PrepareScopes(scopes) == nil}
 		if _, loaded := c.m.LoadOrStore(k, cs); !loaded {
 			c.n.Add(1)
 		}
@@ -191,7 +192,7 @@ func (x *exchange) scopes() []limits.Scope {
 }
 
 // cachedScopes is a scopeCache entry: a request's scopes, and whether
-// limits.ValidateScopes accepted them.
+// limits.PrepareScopes accepted them.
 type cachedScopes struct {
 	scopes  []limits.Scope
 	checked bool

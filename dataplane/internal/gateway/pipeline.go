@@ -107,7 +107,7 @@ type exchange struct {
 	localReq  *limits.Request
 	estTokens int64
 	// scopesChecked: the request's scopes came from the handler's cache,
-	// checked by limits.ValidateScopes when cached.
+	// checked by limits.PrepareScopes when cached.
 	scopesChecked bool
 	leases        liveLeases
 	renewal       *renewal

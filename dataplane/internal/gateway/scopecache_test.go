@@ -28,7 +28,7 @@ func TestScopesCachedPerCatalog(t *testing.T) {
 		require.NoError(t, err)
 		x := &exchange{h: e.h, cat: cat, p: p, group: "m"}
 		got := x.scopes()
-		require.Equal(t, limitScopes(p, nil, nil, "m", e.h.cfg.RateFallbackDefault), got)
+		require.Equal(t, limitScopes(p, nil, nil, "m", e.h.cfg.RateFallbackDefault), exportedScopes(got))
 		return viewScopes(got), x
 	}
 	first, x := scopesOf("k1")
@@ -54,6 +54,17 @@ func TestScopesCachedPerCatalog(t *testing.T) {
 	require.Len(t, c, 1)
 	require.NotSame(t, &c[0], &d[0])
 	require.False(t, jx.scopesChecked, "a JWT's scopes are checked by each admission")
+}
+
+// exportedScopes copies scopes without what limits.PrepareScopes adds
+// (their slots).
+func exportedScopes(scopes []limits.Scope) []limits.Scope {
+	out := make([]limits.Scope, len(scopes))
+	for i, s := range scopes {
+		out[i] = limits.Scope{Kind: s.Kind, ID: s.ID, RPM: s.RPM, TPM: s.TPM, MaxParallel: s.MaxParallel, Budget: s.Budget,
+			LocalFallback: s.LocalFallback}
+	}
+	return out
 }
 
 type limitsScopeView struct {

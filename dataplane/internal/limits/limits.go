@@ -119,6 +119,10 @@ type Scope struct {
 	// this scope's rpm/tpm limits may be enforced by a LocalLimiter while
 	// Redis is unavailable.
 	LocalFallback bool
+	// slot, set by PrepareScopes, remembers the scope's quota slices
+	// (slices.go) for the requests that share this Scope, so that they
+	// find them without a map lookup.
+	slot *sliceSlot
 }
 
 // Budget is a spend cap over a window, in micro-USD.
@@ -157,6 +161,21 @@ type Request struct {
 	// caller that builds one set of scopes for many requests checks it
 	// once); the rest of the request is checked each time.
 	ScopesChecked bool
+}
+
+// PrepareScopes readies a set of scopes that many requests will share, not
+// yet shared: it checks them as ValidateScopes does (a set it accepts may
+// be admitted with Request.ScopesChecked) and gives each scope a slot
+// where the limiter remembers its quota slices. The set must not be
+// modified afterwards, other than copied.
+func PrepareScopes(scopes []Scope) error {
+	if err := ValidateScopes(scopes); err != nil {
+		return err
+	}
+	for i := range scopes {
+		scopes[i].slot = new(sliceSlot)
+	}
+	return nil
 }
 
 // ValidateScopes checks scopes as Admit does: a set it accepts may be

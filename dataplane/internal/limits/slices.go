@@ -182,7 +182,11 @@ type bretKey struct{ widx, epoch int64 }
 
 // sliceScope is the local state of one scope.
 type sliceScope struct {
+	owner *slicer
 	key   sliceKey
+	// gone is set when the scope leaves its slicer's map (idle): a Scope
+	// slot that remembers it looks it up again.
+	gone  atomic.Bool
 	hkey  string
 	pkey  string
 	scope ScopeRef
@@ -475,9 +479,24 @@ func (s *slicer) parOK(sc *Scope) bool {
 	return sc.Kind != KindDeployment && sc.MaxParallel >= s.cfg.MinParallel
 }
 
+// sliceSlot is a Scope's memory of its quota slices (Scope.slot): the
+// sliceScope found last, used while it is still in its slicer's map.
+type sliceSlot struct {
+	st atomic.Pointer[sliceScope]
+}
+
 func (s *slicer) lookup(org string, sc *Scope) *sliceScope {
+	if sc.slot != nil {
+		if st := sc.slot.st.Load(); st != nil && st.owner == s && !st.gone.Load() && st.key.org == org {
+			return st
+		}
+	}
 	if v, ok := s.idx.Load(sliceKey{org, sc.Kind, sc.ID}); ok {
-		return v.(*sliceScope)
+		st := v.(*sliceScope)
+		if sc.slot != nil {
+			sc.slot.st.Store(st)
+		}
+		return st
 	}
 	return nil
 }
@@ -493,7 +512,7 @@ func (s *slicer) scope(org string, sc *Scope) *sliceScope {
 	if st == nil {
 		kb := newKeyBuilder(s.lim.cfg.KeyPrefix, org)
 		keys := kb.scope(sc)
-		st = &sliceScope{key: k, hkey: keys[0], pkey: keys[1], scope: ScopeRef{Kind: sc.Kind, ID: sc.ID},
+		st = &sliceScope{owner: s, key: k, hkey: keys[0], pkey: keys[1], scope: ScopeRef{Kind: sc.Kind, ID: sc.ID},
 			rpm: sc.RPM, tpm: sc.TPM, par: sc.MaxParallel, bud: cloneBudget(sc.Budget),
 			rets: map[int64]sliceRet{}, frets: map[int64]sliceRet{}, brets: map[bretKey]int64{}, pall: map[string]struct{}{}}
 		if st.bud != nil {
@@ -501,6 +520,9 @@ func (s *slicer) scope(org string, sc *Scope) *sliceScope {
 		}
 		s.m[k] = st
 		s.idx.Store(k, st)
+	}
+	if sc.slot != nil {
+		sc.slot.st.Store(st)
 	}
 	return st
 }
@@ -1223,6 +1245,7 @@ func (s *slicer) tick(ctx context.Context, final bool) {
 					len(st.pgone) == 0 && st.puse == 0 && !st.inflight && s.now().Sub(st.lastUse) > s.cfg.Idle {
 					delete(s.m, k)
 					s.idx.Delete(k)
+					st.gone.Store(true) // for the Scope slots that remember it
 				}
 				st.mu.Unlock()
 			}

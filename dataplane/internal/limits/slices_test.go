@@ -524,3 +524,71 @@ func deadWorker(l *Limiter) (kill func()) {
 		<-done
 	}
 }
+
+// TestSlicesPreparedScopes: scopes readied by PrepareScopes remember their
+// quota slices for the requests that share them, per limiter (a slot
+// filled by one data plane's limiter is not used by another's), and never
+// past the moment the scope leaves its limiter (idle): the next request
+// finds the scope its limiter holds now, and is admitted from its slices
+// again.
+func TestSlicesPreparedScopes(t *testing.T) {
+	f := newSliceFleet(t, 2, 6*time.Second, 100*time.Millisecond,
+		SliceConfig{Tick: 10 * time.Millisecond, Linger: 50 * time.Millisecond, Idle: 100 * time.Millisecond}, true)
+	ctx := context.Background()
+	scopes := []Scope{
+		{Kind: KindKey, ID: "k", RPM: 1e7, TPM: 1e10},
+		{Kind: KindTeam, ID: "t", RPM: 1e7, TPM: 1e10},
+		{Kind: KindOrg, ID: f.b.org, RPM: 1e7, TPM: 1e10},
+	}
+	require.NoError(t, PrepareScopes(scopes))
+	for _, sc := range scopes {
+		require.NotNil(t, sc.slot)
+	}
+	bad := []Scope{{Kind: "nope", ID: "x", RPM: 1}}
+	require.ErrorIs(t, PrepareScopes(bad), ErrInvalidRequest)
+	require.Nil(t, bad[0].slot, "a set refused gets no slots")
+
+	var seq atomic.Int64
+	admit := func(lim *Limiter) bool {
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("p%d", seq.Add(1)), Scopes: scopes,
+			EstTokens: 100, ScopesChecked: true})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		_, err = lim.Settle(ctx, d.Lease, 60, 0)
+		require.NoError(t, err)
+		return d.Lease.Local() && len(d.Lease.keys) == 0
+	}
+	// held returns the scope lim holds for scopes[i] (nil: none).
+	held := func(lim *Limiter, i int) *sliceScope {
+		v, ok := lim.slices.idx.Load(sliceKey{f.b.org, scopes[i].Kind, scopes[i].ID})
+		if !ok {
+			return nil
+		}
+		return v.(*sliceScope)
+	}
+	// Each limiter in turn admits from its own slices through the same
+	// prepared scopes: the slots follow the limiter that used them last.
+	for round := range 3 {
+		for _, lim := range f.lims {
+			require.Eventually(t, func() bool { return admit(lim) }, 10*time.Second, time.Millisecond, "round %d", round)
+			for i := range scopes {
+				st := scopes[i].slot.st.Load()
+				require.Same(t, held(lim, i), st, "scope %d remembers the limiter that used it last", i)
+				require.Same(t, lim.slices, st.owner)
+			}
+		}
+	}
+	// The first limiter's scopes go idle and leave it: the slots still
+	// point to them, gone.
+	old := held(f.lims[0], 0)
+	require.NotNil(t, old)
+	require.Eventually(t, func() bool { return old.gone.Load() && held(f.lims[0], 0) == nil }, 10*time.Second, 5*time.Millisecond)
+	// The next request does not use the scope that left: it finds (or
+	// makes) the one the limiter holds now, and slices come back.
+	require.Eventually(t, func() bool { return admit(f.lims[0]) }, 10*time.Second, time.Millisecond)
+	cur := held(f.lims[0], 0)
+	require.NotNil(t, cur)
+	require.NotSame(t, old, cur)
+	require.Same(t, cur, scopes[0].slot.st.Load())
+	require.True(t, old.gone.Load())
+}
