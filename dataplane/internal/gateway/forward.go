@@ -138,19 +138,9 @@ func (x *exchange) pick(ctx context.Context, cands []candidate, next *int, wait 
 	if placed != nil && (c == nil || c.d.GetId() != placed.Deployment) {
 		// Served elsewhere (the placed deployment had no slot) or not at
 		// all: the entry would keep agents off a deployment it is not on.
-		x.h.leaveGate(placed, c0group(cands, placed))
+		x.h.dropGate(placed)
 	}
 	return c, e
-}
-
-// c0group is the model group of the candidate a gate entry was placed on.
-func c0group(cands []candidate, e *limits.GateEntry) string {
-	for _, c := range cands {
-		if c.d.GetId() == e.Deployment {
-			return c.d.GetModelGroup()
-		}
-	}
-	return ""
 }
 
 func (x *exchange) pickFrom(ctx context.Context, cands []candidate, next *int, wait *time.Duration, recovering *bool, placed *limits.GateEntry) (*candidate, *openai.Error) {
@@ -210,13 +200,13 @@ func (x *exchange) pickFrom(ctx context.Context, cands []candidate, next *int, w
 		case e != nil:
 			release()
 			if gate != placed {
-				x.h.leaveGate(gate, cand.d.GetModelGroup())
+				x.h.dropGate(gate)
 			}
 			return nil, e
 		case rej != nil:
 			release()
 			if gate != placed {
-				x.h.leaveGate(gate, cand.d.GetModelGroup())
+				x.h.dropGate(gate) // before the next candidate: its gate must not count this entry
 			}
 			if *wait == 0 || rej.RetryAfter < *wait {
 				*wait = rej.RetryAfter

@@ -132,6 +132,26 @@ func (x *exchange) enterGate(ctx context.Context, d *catalog.Deployment) (e *lim
 	return e, true, nil
 }
 
+// dropGate removes a gate entry the request made but does not use (the
+// deployment's lease was refused, or an interactive request placed there
+// was served elsewhere) before the request goes on, without waking
+// anyone: no prefill ran under it. A waiter woken by it would be the
+// request itself, back from its own failed try: it would try again at
+// once, and a queued request whose group stays full would loop on gate
+// and lease calls until a slot freed (TestPrefillIsolation). An
+// agent the entry kept off a deployment meanwhile tries again at its
+// queue's retry interval. A failed call is repaired by the entry's expiry.
+func (h *Handler) dropGate(e *limits.GateEntry) {
+	if e == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), prefillCallTimeout)
+	defer cancel()
+	if err := h.cfg.Limiter.GateLeave(ctx, e); err != nil {
+		h.m.limitsUnavailable.WithLabelValues("gate").Inc()
+	}
+}
+
 // leaveGate removes a gate entry off the request path and wakes the
 // group's waiters on every proxy (agent and batch requests the entry kept
 // off a deployment). A failed call is repaired by the entry's expiry.

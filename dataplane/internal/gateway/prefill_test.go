@@ -538,4 +538,14 @@ func TestPrefillIsolation(t *testing.T) {
 		require.Equal(t, http.StatusOK, p.resp.StatusCode, p.body)
 	}
 	require.Zero(t, other.h.queues.Backlog().Classes["agent"].Rejected)
+	// C tried once per wake-up (the releases above), not in a loop. Its
+	// tries while the group was full each left a gate entry on the busy
+	// deployment when the lease was refused; that leave woke C itself
+	// when it woke the group's waiters, so C tried again at once: thousands of
+	// gate and lease calls per second until B's first token (dropGate).
+	var tries float64
+	for _, o := range []string{gateEntered, "refused_isolation", "refused_interactive", "refused_run"} {
+		tries += counterValue(other.h.gateM.WithLabelValues("m", "agent", o))
+	}
+	require.Less(t, tries, 50.0, "gate decisions of B and C on the second proxy")
 }
