@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"runtime"
@@ -12,12 +13,13 @@ import (
 	"time"
 
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
+	"github.com/sluicegw/sluice/internal/rawhttp"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 )
 
 // wireTurnRequests is the number of requests of one variant per turn of
 // BenchmarkSlicedKeyWire.
-const wireTurnRequests = 2000
+const wireTurnRequests = 1000
 
 // BenchmarkSlicedKeyWire is BenchmarkSlicedKey over loopback connections:
 // 64 clients (net/http's) on keep-alive connections to the handler's
@@ -57,9 +59,51 @@ func BenchmarkSlicedKeyWire(b *testing.B) {
 	b.Cleanup(tr.CloseIdleConnections)
 	c := &http.Client{Transport: tr}
 	var failed atomic.Value
-	type variant struct{ name, tok string }
-	vars := []variant{{"off", off}, {"headers", ctl}, {"sliced", on}}
-	chat := func(v variant) {
+	type variant struct {
+		name, tok string
+		raw       bool // the lean client (rawhttp), one connection per worker
+		req       []byte
+	}
+	host := strings.TrimPrefix(e.srv.URL, "http://")
+	var vars []variant
+	for _, raw := range []bool{false, true} {
+		for _, x := range []struct{ name, tok string }{{"off", off}, {"headers", ctl}, {"sliced", on}} {
+			v := variant{name: x.name, tok: x.tok, raw: raw}
+			if raw {
+				v.name = "raw-" + v.name
+				v.req = rawhttp.Request(http.MethodPost, host, "/v1/chat/completions",
+					[][2]string{{"Content-Type", "application/json"}, {"Authorization", "Bearer " + x.tok}}, []byte(benchSliceBody))
+			}
+			vars = append(vars, v)
+		}
+	}
+	const workers = 64
+	conns := make([]*rawhttp.Conn, workers)
+	for i := range conns {
+		c, err := rawhttp.Dial(host)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = c.Close() })
+		conns[i] = c
+	}
+	chatRaw := func(v variant, c *rawhttp.Conn) {
+		st, body, err := c.Do(v.req)
+		if err != nil {
+			failed.Store(err)
+			return
+		}
+		if st != http.StatusOK {
+			failed.Store(fmt.Sprintf("%s: status %d: %s", v.name, st, body))
+		} else if got := c.Header("X-Ratelimit-Limit-Requests") != nil; got != (v.tok != off) {
+			failed.Store("x-ratelimit-limit-requests present: " + v.name)
+		}
+	}
+	chat := func(v variant, w int) {
+		if v.raw {
+			chatRaw(v, conns[w])
+			return
+		}
 		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(benchSliceBody))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+v.tok)
@@ -87,10 +131,10 @@ func BenchmarkSlicedKeyWire(b *testing.B) {
 		cpu0, t0 := processCPU(), time.Now()
 		var next atomic.Int64
 		var wg sync.WaitGroup
-		for range 64 {
+		for w := range workers {
 			wg.Go(func() {
 				for next.Add(1) <= int64(n) {
-					chat(v)
+					chat(v, w)
 				}
 			})
 		}
@@ -117,7 +161,11 @@ func BenchmarkSlicedKeyWire(b *testing.B) {
 			sum[k].bytes += round[k].bytes
 		}
 		for k := range vars {
-			ratios[k] = append(ratios[k], float64(round[0].wall)/float64(round[k].wall))
+			base := 0 // the same client's key without limits
+			if vars[k].raw {
+				base = 3
+			}
+			ratios[k] = append(ratios[k], float64(round[base].wall)/float64(round[k].wall))
 		}
 		if v := failed.Load(); v != nil {
 			b.Fatal(v)
@@ -129,9 +177,10 @@ func BenchmarkSlicedKeyWire(b *testing.B) {
 		b.ReportMetric(float64(sum[k].cpu.Nanoseconds())/n, v.name+"-cpu-ns/req")
 		b.ReportMetric(float64(sum[k].mallocs)/n, v.name+"-allocs/req")
 		b.ReportMetric(float64(sum[k].bytes)/n, v.name+"-B/req")
-		if k > 0 {
+		b.ReportMetric(float64(sum[k].cpu)/float64(sum[k].wall), v.name+"-cores")
+		if k%3 > 0 {
 			slices.Sort(ratios[k])
-			b.ReportMetric(ratios[k][len(ratios[k])/2], v.name+"/off-throughput")
+			b.ReportMetric(ratios[k][len(ratios[k])/2], v.name+"/"+vars[k-k%3].name+"-throughput")
 		}
 	}
 }
