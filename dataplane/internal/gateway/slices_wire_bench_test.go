@@ -19,15 +19,14 @@ import (
 
 // wireTurnRequests is the number of requests of one variant per turn of
 // BenchmarkSlicedKeyWire.
-const wireTurnRequests = 1000
+const wireTurnRequests = 2000
 
 // BenchmarkSlicedKeyWire is BenchmarkSlicedKey over loopback connections:
-// 64 clients (net/http's) on keep-alive connections to the handler's
-// server, so that the answer's headers cost what they cost on both sides
-// of a connection, as in make bench-limits, while the upstream stays in
-// memory. Three variants take turns of wireTurnRequests requests, b.N
-// turns each, in an order that rotates (a turn ends when its requests are
-// answered):
+// 64 clients on keep-alive connections to the handler's server, so that
+// the answer's headers cost what they cost on both sides of a connection,
+// as in make bench-limits, while the upstream stays in memory. Six
+// variants take turns of wireTurnRequests requests, b.N turns each, in an
+// order that rotates (a turn ends when its requests are answered):
 //
 //   - off: the key without limits;
 //   - headers: another key without limits (of the same org, team and
@@ -36,11 +35,16 @@ const wireTurnRequests = 1000
 //     key's): what the fields SPEC §8.5 requires cost, apart from the
 //     limiter's work;
 //   - sliced: the key limited by every kind at key, team and org level,
-//     admitted from quota slices.
+//     admitted from quota slices;
 //
-// It reports each variant's CPU, allocations and bytes per request, and
-// the medians over the rounds of headers/off and sliced/off throughput
-// (issue 15: sliced ≥ 0.95× off).
+// each with net/http's client and with a wrk-like one (internal/rawhttp,
+// the raw- variants: pre-built requests, answers read without a header
+// map), whose own cost does not grow with the answer's header fields.
+//
+// It reports each variant's CPU, allocations and bytes per request and
+// the cores the process kept busy, and the medians over the rounds of
+// headers/off and sliced/off throughput, each against the same client's
+// off (issue 15: sliced ≥ 0.95× off).
 func BenchmarkSlicedKeyWire(b *testing.B) {
 	e, _, on, off := newSlicedBench(b)
 	ctl := e.key("kctl", func(k *configv1.Key) { k.OrgId, k.TeamId, k.UserId = "o2", "t2", "u2" })
