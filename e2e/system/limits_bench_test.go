@@ -428,6 +428,29 @@ type llRig struct {
 	// measured before the rounds: subtracted from each phase's Redis CPU
 	// for the figure "net of the background".
 	redisIdle float64
+	// infra samples the CPU of NATS, the control plane and Postgres
+	// (startBenchInfra; nil outside BenchmarkLimitsOverhead).
+	infra func() infraCPU
+}
+
+// machineBusy is the CPU time all of the machine's cores spent outside
+// idle and iowait so far (/proc/stat, 10 ms ticks).
+func machineBusy() time.Duration {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	var busy int64
+	for i, x := range f[1:] {
+		if i == 3 || i == 4 || i >= 8 { // idle, iowait; guest time is in user already
+			continue
+		}
+		v, _ := strconv.ParseInt(x, 10, 64)
+		busy += v
+	}
+	return time.Duration(busy) * 10 * time.Millisecond
 }
 
 // measureRedisIdle measures redis-server's CPU per second of wall time
@@ -937,6 +960,12 @@ type llResult struct {
 	// (llRig.redisIdle over the phase's duration).
 	redisNetPerReq time.Duration
 	cpuPerReq      time.Duration // the benchmark process (proxy, client, upstream)
+	// machinePerReq is the whole machine's busy CPU per request at c=64
+	// (every process: the benchmark, redis-server, NATS, the control
+	// plane, Postgres); infraPerReq NATS's, the control plane's and
+	// Postgres's.
+	machinePerReq time.Duration
+	infraPerReq   infraCPU
 	// cmdsPerWrite is how many commands shared one write to Redis at c=64
 	// (the data plane's pipelining; 0 when it sent none).
 	cmdsPerWrite float64
@@ -1002,6 +1031,8 @@ type llSample struct {
 	at                    time.Time
 	done                  int64 // requests answered 200 at c=64
 	cpu, redisCPU         time.Duration
+	machine               time.Duration // machineBusy
+	infra                 infraCPU
 	evalsha, evalshaUsec  int64
 	trickled, trickleUnav int64
 	sliceCalls            int64
@@ -1093,7 +1124,11 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		ev, usec := rc.evalshaStats(tb)
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
-		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
+		var inf infraCPU
+		if r.infra != nil {
+			inf = r.infra()
+		}
+		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: machineBusy(), infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
 			trickled: r.trickled.Load(), trickleUnav: r.trickleUnavailable.Load(), sliceCalls: r.sliceCalls(),
 			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc}
 	}
@@ -1169,6 +1204,10 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		a.elapsed += s.at.Sub(prev.at)
 		a.d.done += s.done - prev.done
 		a.d.cpu += s.cpu - prev.cpu
+		a.d.machine += s.machine - prev.machine
+		a.d.infra.nats += s.infra.nats - prev.infra.nats
+		a.d.infra.control += s.infra.control - prev.infra.control
+		a.d.infra.postgres += s.infra.postgres - prev.infra.postgres
 		a.d.redisCPU += s.redisCPU - prev.redisCPU
 		a.d.evalsha += s.evalsha - prev.evalsha
 		a.d.evalshaUsec += s.evalshaUsec - prev.evalshaUsec
@@ -1201,6 +1240,8 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		require.Positive(tb, n, "requests answered at c=%d", llBenchConcurrency)
 		x.rps = float64(n) / a.elapsed.Seconds()
 		x.cpuPerReq = a.d.cpu / time.Duration(n)
+		x.machinePerReq = a.d.machine / time.Duration(n)
+		x.infraPerReq = a.d.infra.div(n)
 		// The trickle's requests are 2 EVALSHA each, admitted or timed
 		// out (admission and settlement, or admission and cancellation;
 		// one may straddle a turn's end: the bounds allow for it). Before
@@ -1239,6 +1280,7 @@ const llTrickle = 50 * time.Millisecond
 func BenchmarkLimitsOverhead(b *testing.B) {
 	d, infra := startBenchInfra(b)
 	r := llSetupRig(b, d)
+	r.infra = infra
 	audit := r.audit(b, llBenchAudit)
 	// Quota slices (issue 15): a second data plane with --limit-slices on
 	// the same Redis, and a tenant limited by rpm and tpm only.
@@ -1370,11 +1412,15 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		}
 		return llResult{
 			p50: d(func(x llResult) time.Duration { return x.p50 }), p99: d(func(x llResult) time.Duration { return x.p99 }),
-			rps:              med(rs, func(x llResult) float64 { return x.rps }),
-			evalshaPerReq:    med(rs, func(x llResult) float64 { return x.evalshaPerReq }),
-			redisCPUPerReq:   d(func(x llResult) time.Duration { return x.redisCPUPerReq }),
-			redisNetPerReq:   d(func(x llResult) time.Duration { return x.redisNetPerReq }),
-			cpuPerReq:        d(func(x llResult) time.Duration { return x.cpuPerReq }),
+			rps:            med(rs, func(x llResult) float64 { return x.rps }),
+			evalshaPerReq:  med(rs, func(x llResult) float64 { return x.evalshaPerReq }),
+			redisCPUPerReq: d(func(x llResult) time.Duration { return x.redisCPUPerReq }),
+			redisNetPerReq: d(func(x llResult) time.Duration { return x.redisNetPerReq }),
+			cpuPerReq:      d(func(x llResult) time.Duration { return x.cpuPerReq }),
+			machinePerReq:  d(func(x llResult) time.Duration { return x.machinePerReq }),
+			infraPerReq: infraCPU{nats: d(func(x llResult) time.Duration { return x.infraPerReq.nats }),
+				control:  d(func(x llResult) time.Duration { return x.infraPerReq.control }),
+				postgres: d(func(x llResult) time.Duration { return x.infraPerReq.postgres })},
 			redisUsecPerCall: med(rs, func(x llResult) float64 { return x.redisUsecPerCall }),
 			cmdsPerWrite:     med(rs, func(x llResult) float64 { return x.cmdsPerWrite }),
 			allocsPerReq:     med(rs, func(x llResult) float64 { return x.allocsPerReq }),
@@ -1452,8 +1498,8 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		sliceAudit.on, sliceAudit.local, sliceAudit.onBefore, sliceAudit.sliceCalls)
 	fmt.Fprintf(&sb, "redis-server CPU with only the background running (the trickle, idle data planes): %.1f ms per second\n", r.redisIdle/1e6)
 	fmt.Fprintf(&sb, "| phase | data plane, load client | p50 (c=1) | added p50 | req/s (c=%d) | on/off, off through the same data plane (median of rounds; min–max) | "+
-		"on/off, off through the exact data plane | CPU/req (bench process) | allocations/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n"+
-		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
+		"on/off, off through the exact data plane | CPU/req (bench process) | CPU/req (machine) | CPU/req (NATS, control plane, Postgres) | allocations/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n"+
+		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
 	paired := func(rs, base []llResult) string {
 		rr := make([]float64, len(base))
 		for i := range base {
@@ -1472,18 +1518,21 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		{"rpm/tpm only, exact", "exact, net/http", fre, rateExact, off, fo}, {"rpm/tpm only, slices", "sliced, net/http", frs, rateSliced, offSliced, fso},
 		{"off", "sliced, raw (wrk-like)", fro, offRaw, offRaw, fro}, {"every kind, slices", "sliced, raw (wrk-like)", fon, onRaw, offRaw, fro},
 		{"rpm/tpm only, slices", "sliced, raw (wrk-like)", frr, rateRaw, offRaw, fro}} {
-		fmt.Fprintf(&sb, "| %s | %s | %s | +%s | %.0f | %s | %s | %s | %.1f (%.1f KB) | %.3f | %d | %s | %s | %d |\n", x.name, x.plane, us(x.f.p50), us(x.f.p50-x.bf.p50), x.f.rps,
-			paired(x.rs, x.base), paired(x.rs, off), us(x.f.cpuPerReq), x.f.allocsPerReq, x.f.bytesPerReq/1024, x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
+		fmt.Fprintf(&sb, "| %s | %s | %s | +%s | %.0f | %s | %s | %s | %s | %s, %s, %s | %.1f (%.1f KB) | %.3f | %d | %s | %s | %d |\n", x.name, x.plane, us(x.f.p50), us(x.f.p50-x.bf.p50), x.f.rps,
+			paired(x.rs, x.base), paired(x.rs, off), us(x.f.cpuPerReq), us(x.f.machinePerReq),
+			us(x.f.infraPerReq.nats), us(x.f.infraPerReq.control), us(x.f.infraPerReq.postgres), x.f.allocsPerReq, x.f.bytesPerReq/1024, x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
 	}
 	for i := range offSliced {
-		fmt.Fprintf(&sb, "round %d, sliced data plane: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+		fmt.Fprintf(&sb, "round %d, sliced data plane: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
 			offSliced[i].rps, onSliced[i].rps, onSliced[i].rps/offSliced[i].rps, rateSliced[i].rps, rateSliced[i].rps/offSliced[i].rps,
-			us(offSliced[i].cpuPerReq), us(onSliced[i].cpuPerReq), us(rateSliced[i].cpuPerReq))
+			us(offSliced[i].cpuPerReq), us(onSliced[i].cpuPerReq), us(rateSliced[i].cpuPerReq),
+			us(offSliced[i].machinePerReq), us(onSliced[i].machinePerReq), us(rateSliced[i].machinePerReq))
 	}
 	for i := range offRaw {
-		fmt.Fprintf(&sb, "round %d, sliced data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+		fmt.Fprintf(&sb, "round %d, sliced data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
 			offRaw[i].rps, onRaw[i].rps, onRaw[i].rps/offRaw[i].rps, rateRaw[i].rps, rateRaw[i].rps/offRaw[i].rps,
-			us(offRaw[i].cpuPerReq), us(onRaw[i].cpuPerReq), us(rateRaw[i].cpuPerReq))
+			us(offRaw[i].cpuPerReq), us(onRaw[i].cpuPerReq), us(rateRaw[i].cpuPerReq),
+			us(offRaw[i].machinePerReq), us(onRaw[i].machinePerReq), us(rateRaw[i].machinePerReq))
 	}
 	// The paired ratios of the every-kind key through slices with each
 	// client (issue 15's throughput target) as metrics.
