@@ -111,9 +111,11 @@ bench-brownout: services
 ## org level by every kind (windows kept full) and a rpm/tpm-only key, through an exact data plane and through a
 ## sliced one (quota slices), on a dedicated redis-server sharing the cores; asserts one Redis round trip before
 ## forwarding exactly (+ one settle after) and none from slices; 5 rounds, within each the keys of a data plane
-## alternate request by request at c=1 and take 150 ms turns at c=64; reports each key's throughput against
-## the key without limits on the same data plane (median of the rounds' ratios, min–max), added p50, CPU,
-## allocations and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
+## alternate request by request at c=1 and take 150 ms turns at c=64; the sliced data plane is measured twice per
+## round, with net/http's client and with a wrk-like one (internal/rawhttp); reports each key's throughput against
+## the key without limits on the same data plane and client (median of the rounds' ratios, min–max), added p50,
+## CPU per request of the bench process, of the whole machine and of NATS, control plane and Postgres, allocations
+## and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
 bench-limits: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 
@@ -143,7 +145,8 @@ bench-limits-split: services
 
 ## bench-limits-wire: the sliced key's cost over loopback connections, in process (docs/limits.md, "The six header
 ## fields"): the key without limits, the same with the six x-ratelimit-* fields on its answers (the control), and the
-## key limited by every kind at key, team and org level through quota slices; 30 rounds of 2,000 requests each at c=64.
+## key limited by every kind at key, team and org level through quota slices, each with net/http's client and with a
+## wrk-like one; 30 rounds of 2,000 requests each at c=64.
 bench-limits-wire: services
 	$(GO) test -run '^$$' -bench '^BenchmarkSlicedKeyWire$$' -benchtime 30x -timeout 20m ./dataplane/internal/gateway/
 

@@ -428,6 +428,11 @@ type llRig struct {
 	// measured before the rounds: subtracted from each phase's Redis CPU
 	// for the figure "net of the background".
 	redisIdle float64
+	// machineIdle is the same for the whole machine (every process: the
+	// trickle through the data plane, the ledger, NATS, Postgres, the
+	// control plane). It is spread over a phase's requests too, so a
+	// phase with less throughput pays more of it per request.
+	machineIdle float64
 	// infra samples the CPU of NATS, the control plane and Postgres
 	// (startBenchInfra; nil outside BenchmarkLimitsOverhead).
 	infra func() infraCPU
@@ -453,12 +458,14 @@ func machineBusy() time.Duration {
 	return time.Duration(busy) * 10 * time.Millisecond
 }
 
-// measureRedisIdle measures redis-server's CPU per second of wall time
-// over d with only the background load running.
+// measureRedisIdle measures redis-server's and the whole machine's CPU
+// per second of wall time over d with only the background load running.
 func (r *llRig) measureRedisIdle(tb testing.TB, rc *llRESP, d time.Duration) {
-	c0, t0 := rc.redisCPU(tb), time.Now()
+	c0, m0, t0 := rc.redisCPU(tb), machineBusy(), time.Now()
 	time.Sleep(d)
-	r.redisIdle = float64(rc.redisCPU(tb)-c0) / time.Since(t0).Seconds()
+	el := time.Since(t0).Seconds()
+	r.redisIdle = float64(rc.redisCPU(tb)-c0) / el
+	r.machineIdle = float64(machineBusy()-m0) / el
 }
 
 // llOnLimits are the limits of the "on" key's levels: never reached by the benchmark, so
@@ -1496,7 +1503,8 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	fmt.Fprintf(&sb, "\nquota slices (issue 15; a second data plane with --limit-slices on the same Redis): audit of the \"on\" key (every kind): %d limited requests, "+
 		"%d without any Redis call, the rest admitted exactly %v; slice worker calls during the audit %d\n",
 		sliceAudit.on, sliceAudit.local, sliceAudit.onBefore, sliceAudit.sliceCalls)
-	fmt.Fprintf(&sb, "redis-server CPU with only the background running (the trickle, idle data planes): %.1f ms per second\n", r.redisIdle/1e6)
+	fmt.Fprintf(&sb, "redis-server CPU with only the background running (the trickle, idle data planes): %.1f ms per second; the whole machine's: %.1f ms per second\n",
+		r.redisIdle/1e6, r.machineIdle/1e6)
 	fmt.Fprintf(&sb, "| phase | data plane, load client | p50 (c=1) | added p50 | req/s (c=%d) | on/off, off through the same data plane (median of rounds; min–max) | "+
 		"on/off, off through the exact data plane | CPU/req (bench process) | CPU/req (machine) | CPU/req (NATS, control plane, Postgres) | allocations/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n"+
 		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
