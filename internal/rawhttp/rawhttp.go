@@ -10,7 +10,7 @@
 //
 // It speaks keep-alive HTTP/1.1 on one connection at a time, answers
 // with a Content-Length or chunked, and nothing else (no redirects, no
-// 1xx, no pipelining, no TLS). It is for tests and benchmarks only.
+// 1xx, no HEAD, no pipelining, no TLS). It is for tests and benchmarks only.
 package rawhttp
 
 import (
