@@ -556,6 +556,17 @@ func (a *call) relayStream(ctx, clientCtx context.Context, w http.ResponseWriter
 			}
 			return Outcome{}, true
 		}
+		if sawDone && !hd.on && clientCtx.Err() != nil {
+			// [DONE] reached the client, which then left before the
+			// upstream ended its response (the OpenAI SDKs stop reading
+			// and close the connection at [DONE]): the answer was whole,
+			// and the request is the 200 it was, not a client that left.
+			a.st.Health.Succeeded()
+			if !sawError {
+				a.prove()
+			}
+			return Outcome{}, true
+		}
 		var e *openai.Error
 		if errors.Is(err, io.EOF) {
 			a.f.UpstreamError(a.d.GetId(), "stream")

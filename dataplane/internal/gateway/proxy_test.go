@@ -1,11 +1,14 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +20,7 @@ import (
 	oai "github.com/sluicegw/sluice/dataplane/internal/openai"
 	"github.com/sluicegw/sluice/e2e/vllmsim"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
+	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
 )
 
 // captureID is an option recording the answer's request id.
@@ -323,4 +327,55 @@ func TestDeadline(t *testing.T) {
 	require.Equal(t, http.StatusGatewayTimeout, a.Status)
 	require.Equal(t, oai.CodeUpstreamTimeout, a.Error.Code)
 	require.Equal(t, oai.TypeTimeout, a.Error.Type)
+}
+
+// TestClientLeavesAtDone: a client that closes its connection as soon as
+// it has read [DONE] (the OpenAI SDKs stop reading there), while the
+// upstream has not ended its response yet, got the whole answer: the
+// request is recorded as the 200 it was, with its usage, not as a client
+// that left (CI saw TestProxyEndToEnd's stream counted 499 this way).
+func TestClientLeavesAtDone(t *testing.T) {
+	t.Parallel()
+	upstreamGone := make(chan struct{})
+	eng := newFakeEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		fmt.Fprint(w, "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":1,\"total_tokens\":8}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		// The response does not end until the proxy gives up on it.
+		<-r.Context().Done()
+		close(upstreamGone)
+	})
+	e := newEnv(t)
+	tok := e.key("k1", nil)
+	e.group("g")
+	e.deploy("d1", "g", eng.base(), nil)
+	e.apply()
+
+	resp := e.post(RouteChat, tok, chatBody("g", `"stream":true`))
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	id := resp.Header.Get(oai.RequestIDHeader)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() && sc.Text() != "data: [DONE]" {
+	}
+	require.Equal(t, "data: [DONE]", sc.Text())
+	require.NoError(t, resp.Body.Close()) // before the end of the body: the connection closes
+	waitFor(t, "the upstream request to end", func() bool {
+		select {
+		case <-upstreamGone:
+			return true
+		default:
+			return false
+		}
+	})
+	waitFor(t, "the usage event", func() bool {
+		return slices.ContainsFunc(e.sink.events(), func(ev *usagev1.UsageEvent) bool { return ev.RequestId == id })
+	})
+	ev := e.sink.byID(t, id)
+	require.Equal(t, int32(http.StatusOK), ev.Status)
+	require.Empty(t, ev.ErrorCode)
+	require.Equal(t, int64(1), ev.CompletionTokens)
+	require.Equal(t, int64(7), ev.PromptTokens)
 }

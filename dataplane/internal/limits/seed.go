@@ -64,6 +64,9 @@ type seedKey struct {
 type seedFlight struct {
 	done chan struct{}
 	err  error
+	// waiters counts the admissions that joined the flight (under
+	// seedFlights.mu; read by tests).
+	waiters int
 }
 
 // seedFlights are the seed requests in flight, shared by concurrent
@@ -138,6 +141,7 @@ func (l *Limiter) seed(ctx context.Context, org string, needs []SeedNeed) error 
 	for _, n := range needs {
 		k := seedKey{org: org, kind: n.Scope.Kind, id: n.Scope.ID, window: n.Window, start: n.WindowStart}
 		if fl, ok := f.m[k]; ok {
+			fl.waiters++
 			others = append(others, fl)
 			continue
 		}

@@ -181,7 +181,12 @@ func TestSeedRequestsAreShared(t *testing.T) {
 			}
 		}()
 	}
-	require.Eventually(t, func() bool { return len(b.ledger.callList()) == 1 }, 5*time.Second, 5*time.Millisecond)
+	// Every other admission has joined the first one's seed request
+	// before it is answered (one that came later could find the window
+	// missing after that request ended and before its seed was written,
+	// and start another: on a loaded machine a goroutine can be that late).
+	require.Eventually(t, func() bool { return len(b.ledger.callList()) == 1 && b.lim.seedWaiters() == n-1 },
+		5*time.Second, 5*time.Millisecond)
 	require.Zero(t, admitted.Load(), "admitted before the seed")
 	require.Empty(t, b.budgetFields(t, s))
 	close(b.ledger.gate)
@@ -314,4 +319,15 @@ func TestReassertedReservationJoinsTheSeed(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Applied)
 	require.Equal(t, int64(3320), b.state(t, s).Spend, "a's reservation replaced by its real cost")
+}
+
+// seedWaiters counts the admissions waiting on another's seed request.
+func (l *Limiter) seedWaiters() int {
+	l.flights.mu.Lock()
+	defer l.flights.mu.Unlock()
+	n := 0
+	for _, fl := range l.flights.m {
+		n += fl.waiters
+	}
+	return n
 }
