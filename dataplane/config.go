@@ -40,6 +40,10 @@ const (
 	DefaultMaxRejecting = configsync.DefaultMaxRejecting
 	// DefaultMaxBodyBytes bounds OpenAI request bodies (413 above).
 	DefaultMaxBodyBytes = gateway.DefaultMaxBodyBytes
+	// DefaultGCHeapFloor is `sluice proxy`'s heap floor (internal/gctune):
+	// while the live heap is small, the garbage collector lets the heap
+	// grow to about this many bytes before it collects.
+	DefaultGCHeapFloor = 64 << 20
 	// DefaultRequestTimeout is the total deadline of one OpenAI request.
 	DefaultRequestTimeout = gateway.DefaultRequestTimeout
 	// DefaultMaxRetries is how many other deployments a request may try.

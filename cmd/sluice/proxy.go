@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/sluicegw/sluice/dataplane"
+	"github.com/sluicegw/sluice/internal/gctune"
 )
 
 // proxyEnvAliases are the variables `sluice proxy` read before every flag
@@ -88,6 +90,8 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	h2Streams := fs.Int("h2-max-concurrent-streams", dataplane.DefaultH2MaxConcurrentStreams, "streams an h2c client may have open on one connection")
 	defMaxOut := fs.Int64("default-max-output-tokens", dataplane.DefaultMaxOutputTokens,
 		"output bound for token estimates and budget reservations of requests without max_tokens on deployments without max_output_tokens")
+	gcFloor := fs.Int64("gc-heap-floor", dataplane.DefaultGCHeapFloor,
+		"while the live heap is small, let the heap grow to about this many bytes before the garbage collector runs (GOGC raised; 0: GOGC alone)")
 	pprofAddr := pprofFlag(fs)
 	level, format := logFlags(fs, defaultLogFormat)
 	if err := parseEnvFlags(fs, args, getenv, proxyEnvAliases); err != nil {
@@ -120,6 +124,9 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	}
 	if *budgetMin < 1 {
 		return fmt.Errorf("--retry-budget-min %d: must be at least 1", *budgetMin)
+	}
+	if *gcFloor < 0 {
+		return fmt.Errorf("--gc-heap-floor %d: must not be negative (0 leaves the collector to GOGC alone)", *gcFloor)
 	}
 	var clusterAddrs []string
 	for _, a := range strings.Split(*redisCluster, ",") {
@@ -159,6 +166,17 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	})
 	if err != nil {
 		return err
+	}
+	if *gcFloor > 0 {
+		stopGC, err := gctune.Start(uint64(*gcFloor))
+		switch {
+		case errors.Is(err, gctune.ErrGCOff):
+			log.Warn("GOGC=off: --gc-heap-floor is not applied; the collector runs only at GOMEMLIMIT")
+		case err != nil:
+			return err
+		default:
+			defer stopGC()
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

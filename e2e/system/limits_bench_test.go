@@ -26,6 +26,7 @@ import (
 
 	"github.com/sluicegw/sluice/dataplane"
 	"github.com/sluicegw/sluice/e2e/harness"
+	"github.com/sluicegw/sluice/internal/gctune"
 	"github.com/sluicegw/sluice/internal/rawhttp"
 
 	"connectrpc.com/connect"
@@ -1285,6 +1286,25 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 const llTrickle = 50 * time.Millisecond
 
 func BenchmarkLimitsOverhead(b *testing.B) {
+	// The proxies run in this process, as `sluice proxy` does with its
+	// heap floor (--gc-heap-floor, internal/gctune); the floor applies to
+	// the whole process, load client included. SLUICE_BENCH_GC_HEAP_FLOOR
+	// sets another (bytes; 0: GOGC alone).
+	floor := int64(dataplane.DefaultGCHeapFloor)
+	if v := os.Getenv("SLUICE_BENCH_GC_HEAP_FLOOR"); v != "" {
+		var err error
+		floor, err = strconv.ParseInt(v, 10, 64)
+		require.NoError(b, err, "SLUICE_BENCH_GC_HEAP_FLOOR")
+	}
+	if floor > 0 {
+		stopGC, err := gctune.Start(uint64(floor))
+		require.NoError(b, err)
+		defer stopGC()
+	}
+	defer func() {
+		p, n := gctune.Percent()
+		b.Logf("heap floor %d bytes (SLUICE_BENCH_GC_HEAP_FLOOR; 0: GOGC alone): GOGC %d at the end, changed %d times", floor, p, n)
+	}()
 	d, infra := startBenchInfra(b)
 	r := llSetupRig(b, d)
 	r.infra = infra

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/sluicegw/sluice/dataplane/internal/limits"
 	"github.com/sluicegw/sluice/dataplane/internal/openai"
 	"github.com/sluicegw/sluice/dataplane/internal/redispipe"
+	"github.com/sluicegw/sluice/internal/gctune"
 	configv1 "github.com/sluicegw/sluice/proto/gen/sluice/config/v1"
 	usagev1 "github.com/sluicegw/sluice/proto/gen/sluice/usage/v1"
 )
@@ -58,7 +60,17 @@ func (discardUsage) Record(*usagev1.UsageEvent) {}
 // cpu-ns/op is the process's CPU per request (ns/op is wall time,
 // stretched by other load on a shared machine). The _c64 variants run 64
 // requests at a time, as make bench-limits' throughput phase does.
+//
+// SLUICE_BENCH_GC_HEAP_FLOOR=n (bytes) runs it with `sluice proxy`'s heap
+// floor (internal/gctune) of n bytes; unset or 0, with GOGC alone.
 func BenchmarkSlicedKey(b *testing.B) {
+	if v := os.Getenv("SLUICE_BENCH_GC_HEAP_FLOOR"); v != "" && v != "0" {
+		floor, err := strconv.ParseUint(v, 10, 64)
+		require.NoError(b, err, "SLUICE_BENCH_GC_HEAP_FLOOR")
+		stop, err := gctune.Start(floor)
+		require.NoError(b, err)
+		defer stop()
+	}
 	e, lim, on, off := newSlicedBench(b)
 	do := func(tok string) *httptest.ResponseRecorder { return serveSliceBench(e, tok) }
 	for _, c := range []struct{ name, tok string }{{"off", off}, {"sliced", on}} {
