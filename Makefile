@@ -112,7 +112,9 @@ bench-brownout: services
 ## sliced one (quota slices), on a dedicated redis-server sharing the cores; asserts one Redis round trip before
 ## forwarding exactly (+ one settle after) and none from slices; 5 rounds, within each the keys of a data plane
 ## alternate request by request at c=1 and take 150 ms turns at c=64; the sliced data plane is measured twice per
-## round, with net/http's client and with a wrk-like one (internal/rawhttp); reports each key's throughput against
+## round, with net/http's client and with a wrk-like one (internal/rawhttp), and a third time as the `sluice proxy`
+## binary (a process of its own, its flags at their defaults: --gc-heap-floor) with the wrk-like client; SLUICE_BENCH_
+## GC_HEAP_FLOOR sets the in-process data planes' heap floor (bytes, default the proxy's; 0: GOGC alone); reports each key's throughput against
 ## the key without limits on the same data plane and client (median of the rounds' ratios, min–max), added p50,
 ## CPU per request of the bench process, of the whole machine and of NATS, control plane and Postgres, allocations
 ## and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.

@@ -414,7 +414,12 @@ type llRig struct {
 	// ps is a second data plane with quota slices on (the default),
 	// and rate a tenant limited at key, team and org by rpm and tpm only
 	// (addSliced; nil and zero until then).
-	ps        *proxy
+	ps *proxy
+	// pb is the sliced data plane again, as a process of its own: the
+	// `sluice proxy` binary (its heap floor and GC its own, not shared
+	// with the load client); pbPid its process.
+	pb        *proxy
+	pbPid     int
 	rate      tenant
 	onArrival atomic.Pointer[func(*http.Request)]
 	// trickled counts the benchmark's background requests (llTrickle)
@@ -583,6 +588,36 @@ func (r *llRig) addSliced(tb testing.TB) {
 	}
 	// The slice worker has carved (and loaded carve.lua into Redis).
 	require.Eventually(tb, func() bool { return r.ps.DP.LimitSliceStats().CarveCalls > 0 }, 5*time.Second, 10*time.Millisecond)
+}
+
+// addSlicedBinary starts the sliced data plane a second time, as the
+// `sluice proxy` binary (startBenchInfra built it) on the same NATS, Redis
+// and key prefix, with its flags at their defaults, and warms it up with
+// the limited keys.
+func (r *llRig) addSlicedBinary(tb testing.TB) {
+	tb.Helper()
+	require.NotEmpty(tb, benchSluiceBin, "startBenchInfra builds the sluice binary")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(tb))
+	cmd := exec.Command(benchSluiceBin, "proxy", "--addr", addr, "--nats-url", r.d.NATS.URL, "--redis-url", r.redis.url,
+		"--redis-key-prefix", "llb:", "--instance-id", "bench-dp-binary", "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "SLUICE_KEY_PEPPER="+testPepper, "SLUICE_KEK="+testKEK)
+	startProc(tb, cmd)
+	r.pb, r.pbPid = &proxy{URL: "http://" + addr, Cancel: func() {}}, cmd.Process.Pid
+	harness.Eventually(tb, func() bool {
+		resp, err := http.Get(r.pb.URL + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond, "sluice proxy (binary) not ready")
+	cl := benchClient()
+	for _, tok := range []string{r.off.Token, r.rate.Token, r.on.Token} {
+		require.Eventually(tb, func() bool {
+			_, st, _ := llChat(cl, r.pb.URL, tok)
+			return st == http.StatusOK
+		}, 15*time.Second, 20*time.Millisecond, "key never admitted by the binary")
+	}
 }
 
 // llChat sends the benchmark's chat request and returns the request id
@@ -968,6 +1003,7 @@ type llResult struct {
 	// (llRig.redisIdle over the phase's duration).
 	redisNetPerReq time.Duration
 	cpuPerReq      time.Duration // the benchmark process (proxy, client, upstream)
+	proxyCPUPerReq time.Duration // the binary data plane's process (llRig.pb), else 0
 	// machinePerReq is the whole machine's busy CPU per request at c=64
 	// (every process: the benchmark, redis-server, NATS, the control
 	// plane, Postgres); infraPerReq NATS's, the control plane's and
@@ -1044,7 +1080,8 @@ type llSample struct {
 	evalsha, evalshaUsec  int64
 	trickled, trickleUnav int64
 	sliceCalls            int64
-	mallocs, allocBytes   uint64 // the benchmark process's (runtime.MemStats)
+	mallocs, allocBytes   uint64        // the benchmark process's (runtime.MemStats)
+	proxyCPU              time.Duration // the binary data plane's (llRig.pb), when measured
 }
 
 // measureGroup measures the keys toks through p, interleaved: at c=1 their
@@ -1128,6 +1165,12 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 	defer cancel()
 	sf0 := llMetric(tb, p, `sluice_proxy_limits_unavailable_total{op="settle"}`)
 	cmds0, writes0 := llMetric(tb, p, "sluice_limits_store_commands_total"), llMetric(tb, p, "sluice_limits_store_writes_total")
+	// The binary data plane's own CPU (a process of its own: the bench
+	// process's CPU is then the client's and the upstream's).
+	proxyCPU := func() time.Duration { return 0 }
+	if p == r.pb {
+		proxyCPU = func() time.Duration { return procCPU(r.pbPid) }
+	}
 	sample := func() llSample {
 		ev, usec := rc.evalshaStats(tb)
 		var ms runtime.MemStats
@@ -1138,7 +1181,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		}
 		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: machineBusy(), infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
 			trickled: r.trickled.Load(), trickleUnav: r.trickleUnavailable.Load(), sliceCalls: r.sliceCalls(),
-			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc}
+			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc, proxyCPU: proxyCPU()}
 	}
 	// SLUICE_BENCH_CPUPROFILE=file profiles the first c=64 phase with the
 	// limited key (the data plane, client and upstream of this process).
@@ -1201,9 +1244,11 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		for inflight.Load() > 0 && ctx.Err() == nil {
 			time.Sleep(100 * time.Microsecond) // the turn's last answers: a few ms at most
 		}
-		dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
-		require.NoError(tb, p.DP.DrainSettlements(dctx))
-		dcancel()
+		if p.DP != nil { // the binary's settlements from slices are local
+			dctx, dcancel := context.WithTimeout(ctx, 10*time.Second)
+			require.NoError(tb, p.DP.DrainSettlements(dctx))
+			dcancel()
+		}
 		s := sample()
 		cur.Store(int32((k + 1) % len(toks)))
 		gate.Store(nil)
@@ -1224,6 +1269,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		a.d.sliceCalls += s.sliceCalls - prev.sliceCalls
 		a.d.mallocs += s.mallocs - prev.mallocs
 		a.d.allocBytes += s.allocBytes - prev.allocBytes
+		a.d.proxyCPU += s.proxyCPU - prev.proxyCPU
 		prev = s
 	}
 	cancel()
@@ -1231,9 +1277,11 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 	if profiling {
 		pprof.StopCPUProfile()
 	}
-	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	require.NoError(tb, p.DP.Drain(dctx))
-	dcancel()
+	if p.DP != nil {
+		dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(tb, p.DP.Drain(dctx))
+		dcancel()
+	}
 	if err, _ := failed.Load().(error); err != nil {
 		tb.Fatal(err)
 	}
@@ -1248,6 +1296,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		require.Positive(tb, n, "requests answered at c=%d", llBenchConcurrency)
 		x.rps = float64(n) / a.elapsed.Seconds()
 		x.cpuPerReq = a.d.cpu / time.Duration(n)
+		x.proxyCPUPerReq = a.d.proxyCPU / time.Duration(n)
 		x.machinePerReq = a.d.machine / time.Duration(n)
 		x.infraPerReq = a.d.infra.div(n)
 		// The trickle's requests are 2 EVALSHA each, admitted or timed
@@ -1313,6 +1362,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	// the same Redis, and a tenant limited by rpm and tpm only.
 	r.addSliced(b)
 	sliceAudit := r.auditSliced(b, llBenchAudit, r.on.Token)
+	r.addSlicedBinary(b)
 
 	rc, err := llDialRESP(r.redis.addr)
 	require.NoError(b, err)
@@ -1404,6 +1454,11 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	// keys and data plane, without the client's cost of parsing the
 	// limited answers' six header fields on the same cores.
 	var offRaw, onRaw, rateRaw []llResult
+	// A fourth group is the same three keys through the sliced data plane
+	// as a process of its own (`sluice proxy`, llRig.pb), loaded by the
+	// wrk-like client: the proxy with its own heap and GC (its heap floor,
+	// --gc-heap-floor), as deployed, not sharing them with the client.
+	var offBin, onBin, rateBin []llResult
 	type group struct {
 		p      *proxy
 		toks   []string
@@ -1414,6 +1469,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		{r.p, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&off, &on, &rateExact}, llClientGo},
 		{r.ps, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&offSliced, &onSliced, &rateSliced}, llClientGo},
 		{r.ps, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&offRaw, &onRaw, &rateRaw}, llClientRaw},
+		{r.pb, []string{r.off.Token, r.on.Token, r.rate.Token}, []*[]llResult{&offBin, &onBin, &rateBin}, llClientRaw},
 	}
 	for range b.N {
 		for i := range rounds {
@@ -1463,6 +1519,16 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	}
 	fos, fre, frs, fso := fig(onSliced), fig(rateExact), fig(rateSliced), fig(offSliced)
 	fro, fon, frr := fig(offRaw), fig(onRaw), fig(rateRaw)
+	fbo, fbn, fbr := fig(offBin), fig(onBin), fig(rateBin)
+	for _, f := range []struct {
+		f  *llResult
+		rs []llResult
+	}{{&fbo, offBin}, {&fbn, onBin}, {&fbr, rateBin}} {
+		f.f.proxyCPUPerReq = time.Duration(med(f.rs, func(x llResult) float64 { return float64(x.proxyCPUPerReq) }))
+		for _, x := range f.rs {
+			f.f.unavailable += x.unavailable
+		}
+	}
 	for _, p := range []struct {
 		f  *llResult
 		rs []llResult
@@ -1490,7 +1556,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		"largest admission→upstream delay %s; connection handshakes %v\n",
 		audit.on, audit.onBefore, audit.settleRetries, audit.renewals, audit.skipped, audit.off, audit.offBefore,
 		us(audit.admitToUpstream), audit.connSetup)
-	fmt.Fprintf(&sb, "%d round(s), the two data planes' groups in alternating order; within a group the three keys alternate request by request at c=1 "+
+	fmt.Fprintf(&sb, "%d round(s), the groups (exact; sliced with net/http's client; sliced and the binary with the wrk-like one) in rotating order; within a group the three keys alternate request by request at c=1 "+
 		"and take turns of %s at c=%d (%s each); medians; zero-latency upstream; NATS and control plane at nice %d; "+
 		"limited key's windows in steady state (%d live 1 s buckets before the rounds; a request every %s throughout, not counted)\n",
 		rounds*b.N, llTurn, llBenchConcurrency, llBenchLoad, infraNice(), buckets, llTrickle)
@@ -1545,7 +1611,9 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		{"every kind, slices", "sliced, net/http", fos, onSliced, offSliced, fso},
 		{"rpm/tpm only, exact", "exact, net/http", fre, rateExact, off, fo}, {"rpm/tpm only, slices", "sliced, net/http", frs, rateSliced, offSliced, fso},
 		{"off", "sliced, raw (wrk-like)", fro, offRaw, offRaw, fro}, {"every kind, slices", "sliced, raw (wrk-like)", fon, onRaw, offRaw, fro},
-		{"rpm/tpm only, slices", "sliced, raw (wrk-like)", frr, rateRaw, offRaw, fro}} {
+		{"rpm/tpm only, slices", "sliced, raw (wrk-like)", frr, rateRaw, offRaw, fro},
+		{"off", "binary, raw (wrk-like)", fbo, offBin, offBin, fbo}, {"every kind, slices", "binary, raw (wrk-like)", fbn, onBin, offBin, fbo},
+		{"rpm/tpm only, slices", "binary, raw (wrk-like)", fbr, rateBin, offBin, fbo}} {
 		fmt.Fprintf(&sb, "| %s | %s | %s | +%s | %.0f | %s | %s | %s | %s | %s, %s, %s | %.1f (%.1f KB) | %.3f | %d | %s | %s | %d |\n", x.name, x.plane, us(x.f.p50), us(x.f.p50-x.bf.p50), x.f.rps,
 			paired(x.rs, x.base), paired(x.rs, off), us(x.f.cpuPerReq), us(x.f.machinePerReq),
 			us(x.f.infraPerReq.nats), us(x.f.infraPerReq.control), us(x.f.infraPerReq.postgres), x.f.allocsPerReq, x.f.bytesPerReq/1024, x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
@@ -1562,6 +1630,15 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 			us(offRaw[i].cpuPerReq), us(onRaw[i].cpuPerReq), us(rateRaw[i].cpuPerReq),
 			us(offRaw[i].machinePerReq), us(onRaw[i].machinePerReq), us(rateRaw[i].machinePerReq))
 	}
+	fmt.Fprintf(&sb, "the binary data plane (`sluice proxy`, a process of its own; the table's CPU/req (bench process) is then the client's and the upstream's): "+
+		"its own CPU/req off %s, every kind %s (+%s), rpm/tpm only %s (+%s); allocations are the bench process's\n",
+		us(fbo.proxyCPUPerReq), us(fbn.proxyCPUPerReq), us(fbn.proxyCPUPerReq-fbo.proxyCPUPerReq), us(fbr.proxyCPUPerReq), us(fbr.proxyCPUPerReq-fbo.proxyCPUPerReq))
+	for i := range offBin {
+		fmt.Fprintf(&sb, "round %d, binary data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); proxy CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+			offBin[i].rps, onBin[i].rps, onBin[i].rps/offBin[i].rps, rateBin[i].rps, rateBin[i].rps/offBin[i].rps,
+			us(offBin[i].proxyCPUPerReq), us(onBin[i].proxyCPUPerReq), us(rateBin[i].proxyCPUPerReq),
+			us(offBin[i].machinePerReq), us(onBin[i].machinePerReq), us(rateBin[i].machinePerReq))
+	}
 	// The paired ratios of the every-kind key through slices with each
 	// client (issue 15's throughput target) as metrics.
 	pairedMed := func(rs, base []llResult) float64 {
@@ -1574,6 +1651,7 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 	}
 	b.ReportMetric(pairedMed(onSliced, offSliced), "sliced_ratio")
 	b.ReportMetric(pairedMed(onRaw, offRaw), "sliced_raw_ratio")
+	b.ReportMetric(pairedMed(onBin, offBin), "binary_raw_ratio")
 	b.Log(sb.String())
 	b.ReportMetric(ratio, "throughput_ratio")
 	b.ReportMetric(float64(fn.p50-fo.p50)/float64(time.Microsecond), "added_p50_us")

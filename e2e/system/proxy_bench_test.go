@@ -426,11 +426,16 @@ func startProc(tb testing.TB, cmd *exec.Cmd) *exec.Cmd {
 // startBenchInfra starts NATS and the control plane as their own
 // processes on a fresh database and returns the harness handle for them
 // and a function reading their CPU.
+// benchSluiceBin is the sluice binary startBenchInfra built (for a
+// benchmark that runs a data plane of its own as `sluice proxy`).
+var benchSluiceBin string
+
 func startBenchInfra(tb testing.TB) (*dist, func() infraCPU) {
 	tb.Helper()
 	bin := tb.TempDir()
 	natsBin := goBuild(tb, bin, "./dataplane/internal/benchnats", "benchnats")
 	sluiceBin := goBuild(tb, bin, "./cmd/sluice", "sluice")
+	benchSluiceBin = sluiceBin
 
 	port := freePort(tb)
 	natsArgs := []string{"-port", strconv.Itoa(port), "-store", tb.TempDir(), "-sync-always"}

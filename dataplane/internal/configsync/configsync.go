@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,7 +72,7 @@ type Config struct {
 	// event or a snapshot replacing the running one creates (absent from
 	// the catalog before it), and with those of the first snapshot created
 	// within FirstSnapshotNewAge, before the catalog that holds them is
-	// published. It must return quickly.
+	// published, each list in id order. It must return quickly.
 	OnCreate func(orgs, deployments []string)
 	// BeforeFirst, when set, is called with the first catalog before it is
 	// published (before the data plane is ready).
@@ -578,7 +579,7 @@ func (s *Syncer) firstCreated(next *catalog.Catalog) {
 }
 
 // snapshotCreated reports to Config.OnCreate the orgs and deployments of
-// next that cur lacks.
+// next that cur lacks, each in id order.
 func (s *Syncer) snapshotCreated(cur, next *catalog.Catalog) {
 	if s.cfg.OnCreate == nil {
 		return
@@ -594,6 +595,10 @@ func (s *Syncer) snapshotCreated(cur, next *catalog.Catalog) {
 			deps = append(deps, d.GetId())
 		}
 	}
+	// In id order, as CreatedSince reports them (the catalog's maps have
+	// none).
+	slices.Sort(orgs)
+	slices.Sort(deps)
 	if len(orgs)+len(deps) > 0 {
 		s.cfg.OnCreate(orgs, deps)
 	}
