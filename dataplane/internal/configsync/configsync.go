@@ -503,10 +503,9 @@ func (s *Syncer) catchUp(ctx context.Context, c *catalog.Catalog, regionSeq uint
 	if err != nil {
 		return nil, fmt.Errorf("catch-up consumer: %w", err)
 	}
-	defer it.Stop()
-	go func() { <-ctx.Done(); it.Stop() }()
+	defer stopOnDone(ctx, it)()
 	for c.RegionSeq < regionSeq {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return nil, fmt.Errorf("catch up to region_seq %d: %w", regionSeq, err)
 		}
@@ -519,6 +518,40 @@ func (s *Syncer) catchUp(ctx context.Context, c *catalog.Catalog, regionSeq uint
 		}
 	}
 	return c, nil
+}
+
+// iteratorStopGrace is how long stopOnDone leaves a reader whose context
+// is done to stop its iterator itself.
+const iteratorStopGrace = 2 * time.Second
+
+// stopOnDone returns the function that the goroutine reading it (with
+// Next(jetstream.NextContext(ctx))) defers: it stops it. When ctx is done,
+// that reader's Next returns at once and the reader stops it itself: nats.go's
+// ordered consumer leaks the pull subscription it creates when Stop races
+// the consumer reset inside Next (after a missed heartbeat, say), since
+// the reset then makes a new one after Stop has stopped the old. Only a
+// Next stuck in a reset (whose retries only Stop ends: NATS unreachable) is
+// stopped from another goroutine, after iteratorStopGrace.
+func stopOnDone(ctx context.Context, it jetstream.MessagesContext) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-done:
+			return
+		case <-ctx.Done():
+		}
+		t := time.NewTimer(iteratorStopGrace)
+		defer t.Stop()
+		select {
+		case <-done:
+		case <-t.C:
+			it.Stop()
+		}
+	}()
+	return func() {
+		it.Stop()
+		close(done)
+	}
 }
 
 // step applies one region event to c (pure: c is not changed).
@@ -617,10 +650,9 @@ func (s *Syncer) consume(ctx context.Context, gen, start uint64) error {
 	if err != nil {
 		return fmt.Errorf("event consumer: %w", err)
 	}
-	defer it.Stop()
-	go func() { <-ctx.Done(); it.Stop() }()
+	defer stopOnDone(ctx, it)()
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
