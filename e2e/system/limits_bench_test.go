@@ -600,6 +600,9 @@ func (r *llRig) addSlicedBinary(tb testing.TB) {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(tb))
 	cmd := exec.Command(benchSluiceBin, "proxy", "--addr", addr, "--nats-url", r.d.NATS.URL, "--redis-url", r.redis.url,
 		"--redis-key-prefix", "llb:", "--instance-id", "bench-dp-binary", "--log-level", "warn")
+	if a := os.Getenv("SLUICE_BENCH_PROXY_PPROF"); a != "" {
+		cmd.Args = append(cmd.Args, "--pprof-addr", a) // to profile the binary during the benchmark
+	}
 	cmd.Env = append(os.Environ(), "SLUICE_KEY_PEPPER="+testPepper, "SLUICE_KEK="+testKEK)
 	startProc(tb, cmd)
 	r.pb, r.pbPid = &proxy{URL: "http://" + addr, Cancel: func() {}}, cmd.Process.Pid
