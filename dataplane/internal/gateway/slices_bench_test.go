@@ -165,9 +165,9 @@ func newSlicedBench(b *testing.B) (e *env, lim *limits.Limiter, on, off string) 
 	// Warm up until the limited key is admitted from slices (no Redis
 	// call: its settlement is local too): slices of every kind are held,
 	// and 200 requests in a row made at most two Redis commands (the
-	// slice worker's). A scope's first budget carve finds its window not
-	// yet seeded (the first exact admission seeds it) and backs off for
-	// half a bucket, in which its requests are admitted exactly.
+	// slice worker's). A scope's first budget carve may find its window
+	// not yet seeded (the first exact admission seeds it); the scope's
+	// requests are admitted exactly until the next carve.
 	require.Eventually(b, func() bool {
 		s := lim.SliceStats()
 		c0 := pipe.Stats().Commands

@@ -201,6 +201,9 @@ func (l *Limiter) fetchSeeds(ctx context.Context, org string, needs []SeedNeed) 
 	// restarted may miss one call's deadline.
 	for attempt := 1; ; attempt++ {
 		_, err = l.WriteSeeds(ctx, org, seeds)
+		if err == nil && l.slices != nil {
+			l.slices.seeded(org, needs)
+		}
 		if err == nil || attempt == maxSeedWrites || !errors.Is(err, ErrUnavailable) {
 			return err
 		}

@@ -1651,6 +1651,13 @@ func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent t
 			life := min(s.cfg.BudgetLife, toEnd)
 			st.bheld = append(st.bheld, bslice{widx: widx, epoch: epoch, deadline: it.sent.Add(life - sliceDeadlineMargin), free: gb})
 		}
+	} else if it.wantB > 0 && o[11] < 0 {
+		// The window is not seeded yet: the first exact admission seeds it
+		// (from the ledger, within milliseconds). Seeded here, that clears
+		// the backoff (seeded); seeded by another data plane, the next
+		// carve is a tick away rather than half a bucket, during which the
+		// scope's requests would be admitted exactly.
+		st.bbackoff = sent.Add(min(s.cfg.Tick, s.lim.cfg.rateBucket/2))
 	} else if it.wantB > 0 {
 		st.bbackoff = sent.Add(s.lim.cfg.rateBucket / 2)
 	}
@@ -1688,6 +1695,22 @@ func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent t
 		}
 	} else if it.wantP > 0 {
 		st.pbackoff = sent.Add(s.lim.cfg.rateBucket / 2)
+	}
+}
+
+// seeded lets the budget scopes of needs carve again at once: their
+// windows were just seeded, so a carve that found one unseeded and backed
+// off (carve.lua's -1) would now get a slice.
+func (s *slicer) seeded(org string, needs []SeedNeed) {
+	for _, n := range needs {
+		v, ok := s.idx.Load(sliceKey{org, n.Scope.Kind, n.Scope.ID})
+		if !ok {
+			continue
+		}
+		st := v.(*sliceScope)
+		st.mu.Lock()
+		st.bbackoff = time.Time{}
+		st.mu.Unlock()
 	}
 }
 

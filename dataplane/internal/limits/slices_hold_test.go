@@ -514,3 +514,56 @@ func TestSlicesSlotsStopWithoutRenewal(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, RenewLost, st, "the request must stop before its slot's lease expires")
 }
+
+// TestSlicesUnseededBudgetCarvesOnceSeeded: a budget scope's first carve
+// can find its window not yet seeded (the first exact admission is still
+// fetching the ledger's spend). That carve gets nothing, and it must not
+// back off as from a window without room (half a bucket: 5 s here): once
+// the window is seeded, the scope's requests are admitted from a slice
+// within a few ticks.
+func TestSlicesUnseededBudgetCarvesOnceSeeded(t *testing.T) {
+	f := newSliceFleet(t, 1, 60*time.Second, 10*time.Second, SliceConfig{Tick: 10 * time.Millisecond, MinBudgetMicros: 1000}, true)
+	lim, cs := f.lims[0], f.counts[0]
+	ctx := context.Background()
+	gate := make(chan struct{})
+	f.b.ledger.mu.Lock()
+	f.b.ledger.gate = gate
+	f.b.ledger.mu.Unlock()
+	scopes := []Scope{{Kind: KindKey, ID: "k", Budget: &Budget{CapMicros: 1e9, Window: "1d"}}}
+	seq := 0
+	admit := func() Decision {
+		seq++
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: fmt.Sprintf("u%d", seq), Scopes: scopes, MaxCostMicros: 100})
+		require.NoError(t, err)
+		require.True(t, d.Allowed)
+		return d
+	}
+	// The first admission waits on the ledger for its seed, while its
+	// demand has the worker carve from the unseeded window.
+	first := make(chan Decision, 1)
+	go func() {
+		d, err := lim.Admit(ctx, Request{OrgID: f.b.org, RequestID: "u0", Scopes: scopes, MaxCostMicros: 100})
+		if err != nil || !d.Allowed {
+			d = Decision{}
+		}
+		first <- d
+	}()
+	require.Eventually(t, func() bool {
+		return cs.count(carveScript) > 0 && lim.SliceStats().InFlight == 0
+	}, 5*time.Second, time.Millisecond, "a carve from the unseeded window")
+	require.Zero(t, lim.SliceStats().HeldBudgetMicros, "nothing to carve from an unseeded window")
+	close(gate)
+	d0 := <-first
+	require.True(t, d0.Allowed, "the first admission, once seeded")
+	_, err := lim.Settle(ctx, d0.Lease, 0, 50)
+	require.NoError(t, err)
+	// Well within the 5 s a window without room would back off for.
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		d := admit()
+		_, err := lim.Settle(ctx, d.Lease, 0, 50)
+		require.NoError(t, err)
+		return hasTake(d.Lease, takeBudget) && len(d.Lease.keys) == 0
+	}, 2*time.Second, time.Millisecond, "a request admitted from a budget slice")
+	t.Logf("admitted from a budget slice %s after the seed", time.Since(start).Round(time.Millisecond))
+}

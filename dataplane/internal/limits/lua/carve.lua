@@ -82,7 +82,7 @@
 --   carve, ms until the oldest requests bucket leaves, tokens remaining,
 --   ms until the oldest tokens bucket leaves; granted micro-USD, the
 --   budget window index, ms until that window ends, micro-USD remaining
---   below the cap; granted members (named from the first new number on),
+--   below the cap (-1: the window is not seeded); granted members (named from the first new number on),
 --   live members after the call; the number of alerts a, then a pairs:
 --   threshold percent (0 = the soft budget), spend micro-USD; then the
 --   number e of this data plane's rate leases of the scope, then e
@@ -339,7 +339,14 @@ for i = 1, n do
       bwm = mine[2]
       hchanged = true
     end
-    if held == id then brem = math.max(cap - spend, 0) end
+    if held == id then
+      brem = math.max(cap - spend, 0)
+    elseif want_b > 0 then
+      -- The window is not seeded (no state, or another budget's): -1 tells
+      -- the data plane to carve again as soon as an admission has seeded
+      -- it, rather than back off as from a window without room.
+      brem = -1
+    end
     if changed or hchanged then
       local set = { 'bs', spend }
       if hchanged and held then
