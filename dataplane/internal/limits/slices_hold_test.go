@@ -567,3 +567,52 @@ func TestSlicesUnseededBudgetCarvesOnceSeeded(t *testing.T) {
 	}, 2*time.Second, time.Millisecond, "a request admitted from a budget slice")
 	t.Logf("admitted from a budget slice %s after the seed", time.Since(start).Round(time.Millisecond))
 }
+
+// TestSlicesUnseededBudgetSeededElsewhere: as above, but the window is
+// seeded by another data plane while this one's own seed is still on its
+// way: its worker finds the seeded window at its next carve, a tick
+// later, not half a bucket (5 s) later.
+func TestSlicesUnseededBudgetSeededElsewhere(t *testing.T) {
+	f := newSliceFleet(t, 2, 60*time.Second, 10*time.Second, SliceConfig{Tick: 10 * time.Millisecond, MinBudgetMicros: 1000}, true)
+	a, b := f.lims[0], f.lims[1]
+	ctx := context.Background()
+	gate := make(chan struct{})
+	f.b.ledger.mu.Lock()
+	f.b.ledger.gate = gate
+	f.b.ledger.mu.Unlock()
+	defer func() {
+		select {
+		case <-gate:
+		default:
+			close(gate)
+		}
+	}()
+	scopes := []Scope{{Kind: KindKey, ID: "k", Budget: &Budget{CapMicros: 1e9, Window: "1d"}}}
+	first := make(chan Decision, 1)
+	go func() {
+		d, _ := a.Admit(ctx, Request{OrgID: f.b.org, RequestID: "a0", Scopes: scopes, MaxCostMicros: 100})
+		first <- d
+	}()
+	require.Eventually(t, func() bool {
+		return f.counts[0].count(carveScript) > 0 && a.SliceStats().InFlight == 0
+	}, 5*time.Second, time.Millisecond, "a carve from the unseeded window")
+	require.Zero(t, a.SliceStats().HeldBudgetMicros)
+	// The other data plane seeds the window (its ledger call is not held).
+	f.b.ledger.mu.Lock()
+	f.b.ledger.gate = nil
+	f.b.ledger.mu.Unlock()
+	d, err := b.Admit(ctx, Request{OrgID: f.b.org, RequestID: "b0", Scopes: scopes, MaxCostMicros: 100})
+	require.NoError(t, err)
+	require.True(t, d.Allowed)
+	_, err = b.Settle(ctx, d.Lease, 0, 50)
+	require.NoError(t, err)
+	start := time.Now()
+	require.Eventually(t, func() bool { return a.SliceStats().HeldBudgetMicros > 0 }, 2*time.Second, time.Millisecond,
+		"the first data plane carves from the window the other seeded")
+	t.Logf("budget slice carved %s after the other data plane seeded the window", time.Since(start).Round(time.Millisecond))
+	close(gate)
+	d0 := <-first
+	require.True(t, d0.Allowed, "the first admission, once its own seed is back")
+	_, err = a.Settle(ctx, d0.Lease, 0, 50)
+	require.NoError(t, err)
+}
