@@ -65,7 +65,16 @@ func limitScopes(p *catalog.Principal, cu *configv1.Customer, labels []*configv1
 			out, buds = a.scopes[:0], a.budgets[:0]
 		}
 		if hasBudget {
-			buds = append(buds, limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window})
+			// The team its alerts are filed under, as alert names it for
+			// a request's alerts.
+			team := ""
+			switch kind {
+			case limits.KindKey, limits.KindKeyModel:
+				team = p.Key.GetTeamId()
+			case limits.KindMember, limits.KindTeam, limits.KindTeamModel:
+				team = p.Team.GetId()
+			}
+			buds = append(buds, limits.Budget{CapMicros: budget.Micros(capUSD), SoftMicros: budget.Micros(softUSD), Window: window, Team: team})
 			s.Budget = &buds[len(buds)-1]
 		}
 		out = append(out, s)
@@ -842,6 +851,14 @@ func (x *exchange) releaseDeploymentLease() {
 		// again once the slot is free in the limits store.
 		group := x.group
 		x.h.enqueueSettle(limits.SettleItem{Lease: l}, alertMeta{}, func() { x.h.queues.Released(group) })
+	}
+}
+
+// carveAlerts publishes the alerts the limiter's quota slices raise
+// (limits.Limiter.OnCarveAlerts): no request carries them.
+func (h *Handler) carveAlerts(as []limits.BudgetAlert) {
+	for _, a := range as {
+		h.alert(a, alertMeta{orgID: a.OrgID, keyTeam: a.TeamID, teamID: a.TeamID})
 	}
 }
 

@@ -358,6 +358,7 @@ func New(cfg Config) (*Handler, error) {
 	h.auth = authn.Credentials{Keys: authn.VirtualKeys{Peppers: cfg.Peppers}, JWT: cfg.JWT}
 	if cfg.Limiter != nil {
 		h.settler = limits.NewSettler(cfg.Limiter, func() { h.m.limitsUnavailable.WithLabelValues("settle").Inc() })
+		cfg.Limiter.OnCarveAlerts(h.carveAlerts)
 	}
 	tr := cfg.Transport
 	if tr == nil {

@@ -133,6 +133,11 @@ type Budget struct {
 	// see BudgetWindow for the boundaries. A window whose counter Redis
 	// does not hold is started from the ledger (Config.Seeds, seed.go).
 	Window string
+	// Team is the team the scope's alerts are filed under (the key's team
+	// for a key's scopes, the team for a member's or team's; empty for the
+	// others). It limits nothing: carves raise alerts with no request to
+	// take it from (OnCarveAlerts).
+	Team string
 }
 
 // Request is what Admit checks.
@@ -418,6 +423,10 @@ type BudgetAlert struct {
 	SoftMicros  int64
 	// Window is the scope's budget_duration.
 	Window string
+	// OrgID and TeamID are set on the alerts carves raise (OnCarveAlerts):
+	// the org of the scope and its Budget.Team. Alerts of a settlement
+	// leave them empty (the request names them).
+	OrgID, TeamID string
 }
 
 // Config configures a Limiter. Zero durations take the defaults.
@@ -471,6 +480,23 @@ type Limiter struct {
 	slices  *slicer // nil: slices off
 	keys    keyCache
 	admits  admitBatcher
+	// carveAlerts receives the alerts carves raise (OnCarveAlerts).
+	carveAlerts atomic.Pointer[func([]BudgetAlert)]
+}
+
+// OnCarveAlerts sets fn to receive the budget alerts quota slices raise: a
+// carve that reserves a budget slice past a threshold marks the threshold
+// sent in Redis, as a settlement does, so it must be reported even when
+// no request ever takes from that slice. fn is called from the slice
+// worker, with no lock held; it must not block. Without it (nil), those
+// alerts go with the next settlement of a request that takes from the
+// scope's budget slices.
+func (l *Limiter) OnCarveAlerts(fn func([]BudgetAlert)) {
+	if fn == nil {
+		l.carveAlerts.Store(nil)
+		return
+	}
+	l.carveAlerts.Store(&fn)
 }
 
 // New validates cfg, applies defaults and returns a Limiter.

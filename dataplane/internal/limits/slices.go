@@ -222,7 +222,7 @@ type sliceScope struct {
 	maxB     int64             // largest reservation seen (decays)
 	rateB    float64
 	bbackoff time.Time
-	alerts   []BudgetAlert // crossed by carves, handed to the next settlement
+	alerts   []BudgetAlert // crossed by carves, for the next settlement (no OnCarveAlerts sink)
 	// The budget lease (carve.lua's 'bh' entry of this data plane): bN is
 	// what requests took from the slices and did not give back, bB the
 	// watermark Redis holds (bN never exceeds it: a take that would waits
@@ -1489,6 +1489,15 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 	for _, c := range calls {
 		c.args.release()
 	}
+	// Alerts the carves raise: to the sink once every reply is applied
+	// (no scope lock held), or to the scopes' next settlements.
+	sink := s.lim.carveAlerts.Load()
+	var raised []BudgetAlert
+	defer func() {
+		if sink != nil && len(raised) > 0 {
+			(*sink)(raised)
+		}
+	}()
 	for g, items := range groups {
 		v := vals[g]
 		if errs[g] != nil || len(v) < 1 {
@@ -1514,7 +1523,7 @@ func (s *slicer) carve(ctx context.Context, byOrg map[string][]carveItem) {
 			}
 			rl := v[j+1 : j+1+5*ne]
 			j += 1 + 5*ne
-			s.applyCarve(it, o, al, rl, epoch, sent)
+			raised = append(raised, s.applyCarve(it, o, al, rl, epoch, sent, sink != nil)...)
 		}
 		if !ok || j != len(v) {
 			// Nothing is known of the items not applied: as for a failed call.
@@ -1565,8 +1574,10 @@ const carveFixed = 17
 
 // applyCarve applies one item's reply: o the fixed values, al the alert
 // pairs, rl this data plane's rate leases of the scope (bucket, gr, gt, wr,
-// wt quintuples).
-func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent time.Time) {
+// wt quintuples). With sink set it returns the alerts the carve raised
+// (for Limiter.OnCarveAlerts); without, the scope keeps them for its next
+// settlement.
+func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent time.Time, sink bool) (raised []BudgetAlert) {
 	st := it.st
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -1665,8 +1676,14 @@ func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent t
 		if it.bud == nil {
 			break
 		}
-		st.alerts = append(st.alerts, BudgetAlert{Scope: st.scope, Percent: al[k], SpendMicros: al[k+1],
-			CapMicros: it.bud.CapMicros, SoftMicros: it.bud.SoftMicros, Window: it.bud.Window})
+		a := BudgetAlert{Scope: st.scope, Percent: al[k], SpendMicros: al[k+1],
+			CapMicros: it.bud.CapMicros, SoftMicros: it.bud.SoftMicros, Window: it.bud.Window,
+			OrgID: st.key.org, TeamID: it.bud.Team}
+		if sink {
+			raised = append(raised, a)
+		} else {
+			st.alerts = append(st.alerts, a)
+		}
 	}
 	// Concurrency.
 	gp := o[12]
@@ -1696,6 +1713,7 @@ func (s *slicer) applyCarve(it carveItem, o, al, rl []int64, epoch int64, sent t
 	} else if it.wantP > 0 {
 		st.pbackoff = sent.Add(s.lim.cfg.rateBucket / 2)
 	}
+	return raised
 }
 
 // seeded lets the budget scopes of needs carve again at once: their
