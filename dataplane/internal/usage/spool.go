@@ -103,6 +103,11 @@ func (s *spool) append(payload []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.f == nil {
+		// The directory may have been removed (an empty temporary spool
+		// is, at shutdown).
+		if err := os.MkdirAll(s.dir, 0o700); err != nil {
+			return fmt.Errorf("usage spool directory: %w", err)
+		}
 		s.seq++
 		name := filepath.Join(s.dir, fmt.Sprintf("usage-%020d-%06d%s", time.Now().UnixNano(), s.seq, spoolSuffix))
 		f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_APPEND|os.O_EXCL, 0o600)

@@ -96,9 +96,9 @@ type Config struct {
 	// BufferSize is the in-memory buffer in events (DefaultBufferSize if 0).
 	BufferSize int
 	// SpoolDir is where events go when the buffer is full. Empty: a new
-	// temporary directory per instance (events spooled there at shutdown
-	// are not replayed by the next instance; set a persistent directory
-	// for that).
+	// temporary directory per instance, removed at shutdown when empty
+	// (events spooled there at shutdown are not replayed by the next
+	// instance; set a persistent directory for that).
 	SpoolDir string
 	// SpoolMaxBytes bounds the spool (DefaultSpoolMaxBytes if 0).
 	SpoolMaxBytes int64
@@ -254,8 +254,11 @@ type Publisher struct {
 	subject string
 	log     *slog.Logger
 	spool   *spool
-	ch      chan item
-	wake    chan struct{} // signalled when the spool gets data
+	// tempSpool: the spool directory is a temporary one New created; an
+	// empty one is removed at shutdown.
+	tempSpool bool
+	ch        chan item
+	wake      chan struct{} // signalled when the spool gets data
 
 	// batchPrefix + "-" + seq names a batch: unique per publisher (random)
 	// and message (seq, drainer goroutine only).
@@ -278,7 +281,8 @@ func New(cfg Config, nc *nats.Conn) (*Publisher, error) {
 		return nil, err
 	}
 	cfg.defaults()
-	if cfg.SpoolDir == "" {
+	temp := cfg.SpoolDir == ""
+	if temp {
 		dir, err := os.MkdirTemp("", "sluice-usage-spool-")
 		if err != nil {
 			return nil, fmt.Errorf("usage spool directory: %w", err)
@@ -296,7 +300,7 @@ func New(cfg Config, nc *nats.Conn) (*Publisher, error) {
 	}
 	var r [8]byte
 	_, _ = rand.Read(r[:])
-	return &Publisher{cfg: cfg, nc: nc, js: js, subject: wire.UsageSubject(cfg.Region), log: cfg.Logger, spool: sp,
+	return &Publisher{cfg: cfg, nc: nc, js: js, subject: wire.UsageSubject(cfg.Region), log: cfg.Logger, spool: sp, tempSpool: temp,
 		ch: make(chan item, cfg.BufferSize), wake: make(chan struct{}, 1), batchPrefix: hex.EncodeToString(r[:])}, nil
 }
 
@@ -866,5 +870,11 @@ func (p *Publisher) shutdown(d *drainer) {
 	if n := p.spool.bytes.Load(); n > 0 {
 		p.log.Warn("usage events remain in the spool; an instance started with the same --usage-spool-dir replays them",
 			"dir", p.cfg.SpoolDir, "bytes", n)
+	} else if p.tempSpool {
+		// Nothing spooled: the temporary directory goes (a later Run
+		// that spools creates it again).
+		if err := os.RemoveAll(p.cfg.SpoolDir); err != nil {
+			p.log.Warn("remove the empty usage spool directory", "dir", p.cfg.SpoolDir, "error", err)
+		}
 	}
 }

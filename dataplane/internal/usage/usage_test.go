@@ -247,6 +247,30 @@ func TestShutdownSpoolsWhatRemainsAndTheNextInstanceReplaysIt(t *testing.T) {
 	require.Equal(t, int64(51), p2.Stats().Replayed)
 }
 
+// TestEmptyTemporarySpoolRemovedAtShutdown: without --usage-spool-dir the
+// publisher spools to a temporary directory of its own, which it removes
+// at shutdown when nothing is spooled there (an instance does not leave a
+// directory behind at each start); an event recorded after shutdown is
+// still spooled, the directory created again.
+func TestEmptyTemporarySpoolRemovedAtShutdown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p, stop := b.start(Config{})
+	dir := p.SpoolDir()
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.DirExists(t, dir)
+	for i := range 10 {
+		p.Record(event(i))
+	}
+	b.waitMsgs(10, 10*time.Second)
+	stop()
+	require.NoDirExists(t, dir, "the empty temporary spool is removed")
+	p.Record(event(10)) // after shutdown: straight to the spool
+	require.Equal(t, int64(1), p.Stats().Spooled)
+	files, _ := filepath.Glob(filepath.Join(dir, "*.spool"))
+	require.Len(t, files, 1, "nothing lost")
+}
+
 func TestSpoolUnavailableCountsAndLogsEachDrop(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
