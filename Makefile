@@ -115,7 +115,7 @@ bench-brownout: services
 ## round, with net/http's client and with a wrk-like one (internal/rawhttp), and a third time as the `sluice proxy`
 ## binary (a process of its own, its flags at their defaults: --gc-heap-floor) with the wrk-like client; SLUICE_BENCH_
 ## GC_HEAP_FLOOR sets the in-process data planes' heap floor (bytes, default the proxy's; 0: GOGC alone), SLUICE_BENCH_
-## PROXY_PPROF=127.0.0.1:port serves the binary's profiler; reports each key's throughput against
+## PROXY_PPROF=127.0.0.1:port serves the binary's profiler (--pprof-labels: by key); reports each key's throughput against
 ## the key without limits on the same data plane and client (median of the rounds' ratios, min–max), added p50,
 ## CPU per request of the bench process, of the whole machine and of NATS, control plane and Postgres, allocations
 ## and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.

@@ -298,6 +298,10 @@ type Config struct {
 	// headers of answers to requests with rpm/tpm limits (default off:
 	// docs/limits.md, "Headers").
 	IETFRateLimitHeaders bool
+	// ProfileLabels labels request goroutines in CPU profiles with their
+	// org and key (gateway.Config.ProfileLabels; `sluice proxy
+	// --pprof-labels`).
+	ProfileLabels bool
 	// DefaultMaxOutputTokens bounds the output of requests without
 	// max_tokens on deployments without max_output_tokens, for token
 	// estimates and budget reservations (default 4096).

@@ -179,7 +179,7 @@ func New(ctx context.Context, cfg Config) (*DataPlane, error) {
 		HealthCheckUnhealthy: cfg.HealthCheckUnhealthy, HealthCheckHealthy: cfg.HealthCheckHealthy, NoHealthChecks: cfg.NoHealthChecks,
 		EngineMetricsInterval: cfg.EngineMetricsInterval, EngineMetricsMaxAge: cfg.EngineMetricsMaxAge, NoEngineMetrics: cfg.NoEngineMetrics,
 		BodyReadTimeout: cfg.BodyReadTimeout, MaxBodyReads: cfg.MaxBodyReads, MaxBodyReadsPerConn: cfg.MaxBodyReadsPerConn,
-		Limiter: lim, RateFallback: fallback, RateFallbackDefault: cfg.RateLimitFallback == RateFallbackLocal, IETFRateLimitHeaders: cfg.IETFRateLimitHeaders, Alerts: d.alerts, DefaultMaxOutputTokens: cfg.DefaultMaxOutputTokens,
+		Limiter: lim, RateFallback: fallback, RateFallbackDefault: cfg.RateLimitFallback == RateFallbackLocal, IETFRateLimitHeaders: cfg.IETFRateLimitHeaders, ProfileLabels: cfg.ProfileLabels, Alerts: d.alerts, DefaultMaxOutputTokens: cfg.DefaultMaxOutputTokens,
 		Affinity: aff, Responses: responses})
 	if err != nil {
 		d.closeClients()

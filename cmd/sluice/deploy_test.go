@@ -307,7 +307,8 @@ var notSetOnPurpose = map[string]map[string]string{
 	"control": {"migrate": "the sluice-migrate Job migrates; the control plane refuses an out-of-date schema",
 		"pprof-addr": "profiler off in clusters; loopback only, enabled per pod and reached with kubectl port-forward (deploy/README.md)"},
 	"proxy": {"redis-cluster": "alternative to --redis-url for Redis Cluster (deploy/README.md)",
-		"pprof-addr": "profiler off in clusters; loopback only, enabled per pod and reached with kubectl port-forward (deploy/README.md)"},
+		"pprof-addr":   "profiler off in clusters; loopback only, enabled per pod and reached with kubectl port-forward (deploy/README.md)",
+		"pprof-labels": "goes with --pprof-addr (off in clusters)"},
 	"migrate": {"log-level": "defaults", "log-format": "defaults"},
 }
 

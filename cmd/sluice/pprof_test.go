@@ -50,6 +50,9 @@ func TestPprofRefusesNonLoopbackAddresses(t *testing.T) {
 		err := run(context.Background(), []string{sub}, env, io.Discard, io.Discard)
 		require.ErrorContains(t, err, "loopback only")
 	}
+	// Labels show only in profiles, so they need the profiler.
+	err := run(context.Background(), []string{"proxy", "--pprof-labels"}, getenv, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "--pprof-labels")
 	for _, addr := range []string{"", "127.0.0.1:6060", "[::1]:6060", "localhost:6060", "127.0.0.2:0"} {
 		require.NoError(t, checkPprofAddr(addr), addr)
 	}

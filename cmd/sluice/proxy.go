@@ -93,12 +93,17 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 	gcFloor := fs.Int64("gc-heap-floor", dataplane.DefaultGCHeapFloor,
 		"while the live heap is small, let the heap grow to about this many bytes before the garbage collector runs (GOGC raised; 0: GOGC alone)")
 	pprofAddr := pprofFlag(fs)
+	pprofLabels := fs.Bool("pprof-labels", false,
+		"label request goroutines in CPU profiles with their org and key (pprof labels org, key; needs --pprof-addr)")
 	level, format := logFlags(fs, defaultLogFormat)
 	if err := parseEnvFlags(fs, args, getenv, proxyEnvAliases); err != nil {
 		return err
 	}
 	if err := checkPprofAddr(*pprofAddr); err != nil {
 		return err
+	}
+	if *pprofLabels && *pprofAddr == "" {
+		return errors.New("--pprof-labels: labels only show in profiles served by --pprof-addr; set it too")
 	}
 	if *budget <= 0 || *budget > 1 {
 		return fmt.Errorf("--retry-budget %g: must be within (0, 1] (retries are turned off with --max-retries=0)", *budget)
@@ -162,7 +167,7 @@ func runProxy(ctx context.Context, args []string, getenv func(string) string, st
 		DefaultMaxOutputTokens: *defMaxOut, BudgetSeedWait: *seedWait,
 		ReadHeaderTimeout: *readHeader, IdleTimeout: *idle, BodyReadTimeout: *bodyTimeout,
 		MaxBodyReads: *bodyReads, MaxBodyReadsPerConn: *connReads, H2MaxConcurrentStreams: *h2Streams,
-		AdmissionQueues: *queues, AdmissionRetryInterval: *queueRetry,
+		AdmissionQueues: *queues, AdmissionRetryInterval: *queueRetry, ProfileLabels: *pprofLabels,
 	})
 	if err != nil {
 		return err

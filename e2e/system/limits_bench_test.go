@@ -601,7 +601,11 @@ func (r *llRig) addSlicedBinary(tb testing.TB) {
 	cmd := exec.Command(benchSluiceBin, "proxy", "--addr", addr, "--nats-url", r.d.NATS.URL, "--redis-url", r.redis.url,
 		"--redis-key-prefix", "llb:", "--instance-id", "bench-dp-binary", "--log-level", "warn")
 	if a := os.Getenv("SLUICE_BENCH_PROXY_PPROF"); a != "" {
-		cmd.Args = append(cmd.Args, "--pprof-addr", a) // to profile the binary during the benchmark
+		// To profile the binary during the benchmark, split by key
+		// (go tool pprof -tagfocus key=<id>).
+		cmd.Args = append(cmd.Args, "--pprof-addr", a, "--pprof-labels")
+		tb.Logf("the binary data plane serves its profiler on %s, labelled by key: off %s, every kind %s, rpm/tpm only %s",
+			a, r.off.KeyID, r.on.KeyID, r.rate.KeyID)
 	}
 	cmd.Env = append(os.Environ(), "SLUICE_KEY_PEPPER="+testPepper, "SLUICE_KEK="+testKEK)
 	startProc(tb, cmd)

@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -175,6 +176,9 @@ func (x *exchange) run(w http.ResponseWriter, r *http.Request) *openai.Error {
 	}
 	if x.p, e = x.proto.authenticate(h, cat, r); e != nil { // authenticate (authn)
 		return e
+	}
+	if h.cfg.ProfileLabels {
+		h.labelGoroutine(x.p.Key)
 	}
 	if e = x.attribute(cat, r.Header); e != nil { // attribute (headers, end customer, route)
 		return e
@@ -426,4 +430,15 @@ func trafficClass(p *catalog.Principal) string {
 		return ""
 	}
 	return strings.ToLower(strings.TrimPrefix(tc.String(), "TRAFFIC_CLASS_"))
+}
+
+// labelGoroutine labels the calling goroutine in CPU profiles with k's org
+// and key (Config.ProfileLabels). The label context is built once per key.
+func (h *Handler) labelGoroutine(k *configv1.Key) {
+	c, ok := h.profLabels.Load(k.GetId())
+	if !ok {
+		c, _ = h.profLabels.LoadOrStore(k.GetId(),
+			pprof.WithLabels(context.Background(), pprof.Labels("org", k.GetOrgId(), "key", k.GetId())))
+	}
+	pprof.SetGoroutineLabels(c.(context.Context))
 }

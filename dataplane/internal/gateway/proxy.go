@@ -41,6 +41,7 @@ import (
 	"log/slog"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -162,6 +163,13 @@ type Config struct {
 	// from the client until one proves it (forward.Policy.Probation;
 	// docs/resilience.md, "Stream probation").
 	NoStreamProbation bool
+	// ProfileLabels labels each request's goroutine in CPU profiles with
+	// its org and key (pprof labels "org" and "key", set once the key is
+	// authenticated), so that a profile splits by tenant (go tool pprof
+	// -tagfocus key=...). Goroutines a request starts, such as a new
+	// upstream connection's, keep its labels; the reading of a
+	// connection's next request is counted under the previous one's.
+	ProfileLabels bool
 	// Active health checks of every engine's /health (RunHealthChecks):
 	// interval, per-probe timeout, failures in a row that take a
 	// deployment out and successes that bring it back (zero: the
@@ -246,6 +254,9 @@ type Handler struct {
 	retries int
 	// probation is the stream probation (Config.NoStreamProbation off).
 	probation bool
+	// profLabels holds the label context of each key seen
+	// (Config.ProfileLabels): key id → context.Context.
+	profLabels sync.Map
 	// budget is the retry budget of every model group.
 	budget *upstream.RetryBudget
 	// holdCutBudget is the held cuts' own retry allowance, taken before
