@@ -45,9 +45,11 @@ type Alert struct {
 	BudgetDuration   string                 `protobuf:"bytes,11,opt,name=budget_duration,json=budgetDuration,proto3" json:"budget_duration,omitempty"`
 	WindowStart      *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
 	Region           string                 `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
-	RequestId        string                 `protobuf:"bytes,14,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The request whose settlement crossed the threshold; empty when the
+	// carve of a quota slice crossed it.
+	RequestId     string `protobuf:"bytes,14,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Alert) Reset() {

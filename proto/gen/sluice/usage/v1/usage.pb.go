@@ -433,7 +433,9 @@ type BudgetAlert struct {
 	WindowStart int64  `protobuf:"varint,12,opt,name=window_start,json=windowStart,proto3" json:"window_start,omitempty"`
 	Region      string `protobuf:"bytes,13,opt,name=region,proto3" json:"region,omitempty"`
 	InstanceId  string `protobuf:"bytes,14,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	// The request whose settlement crossed the threshold.
+	// The request whose settlement crossed the threshold; empty when the
+	// carve of a quota slice crossed it (a slice's reservation, not one
+	// request's).
 	RequestId     string `protobuf:"bytes,15,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
