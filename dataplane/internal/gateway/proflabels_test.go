@@ -39,7 +39,13 @@ func TestProfileLabels(t *testing.T) {
 		e := newEnv(t, func(c *Config) { c.Transport, c.ProfileLabels = u, on })
 		e.group("m")
 		e.deploy("d1", "m", "http://upstream.invalid/v1", nil)
-		tok := e.key("key-labelled", nil)
+		// A key of its own per case: the first case's connection
+		// goroutine, idle on, keeps its last request's labels.
+		id := "key-unlabelled"
+		if on {
+			id = "key-labelled"
+		}
+		tok := e.key(id, nil)
 		e.apply()
 		done := make(chan int)
 		go func() {
@@ -54,7 +60,7 @@ func TestProfileLabels(t *testing.T) {
 		if on {
 			require.Contains(t, prof, `labels: {"key":"key-labelled", "org":"o1"}`)
 		} else {
-			require.NotContains(t, prof, `"key":"key-labelled"`)
+			require.NotContains(t, prof, `"key":"key-unlabelled"`)
 		}
 	}
 }
