@@ -22,7 +22,8 @@ import (
 // TestBudgetAlertsAndSeedsEndToEnd drives budgets through every plane: a
 // key's spend crosses its soft budget and the 50/85/95/100 % thresholds
 // (each alert reaches AlertService.ListAlerts exactly once, from the data
-// plane over NATS into Postgres), the cap rejects, and after Redis loses
+// plane over NATS into Postgres; the 50 % one raised by a quota slice's
+// carve that no request takes from), the cap rejects, and after Redis loses
 // every limits key the budget is re-seeded from the ledger's spend (the
 // control plane answers the data plane's seed request) rather than reset
 // to zero.
@@ -51,10 +52,30 @@ func TestBudgetAlertsAndSeedsEndToEnd(t *testing.T) {
 		return err == nil && pr.Key.GetLimits().GetMaxBudget() == hard && len(p.DP.Catalog().Deployments("m")) == 1
 	}, 10*time.Second, 10*time.Millisecond)
 
+	ac := adminv1connect.NewAlertServiceClient(http.DefaultClient, d.Admin, connect.WithInterceptors(harness.BearerInterceptor(testBootstrap)))
 	// Spend 0 → 10 → 20 → 30: three admitted (each saw spend < $25).
 	for i := range 3 {
 		e := settingsPost(t, p, ten.Token, "", settingsBody)
 		require.Equal(t, http.StatusOK, e.status, "request %d", i)
+		if i == 0 {
+			// $10 spent (40 %). The data plane's slice worker then carves
+			// a budget slice for the scope ($25 less the 10 % reserve and
+			// the spend, a quarter of it: $3.125), which takes the spend
+			// past 50 %. No request takes from that slice ($10 each), so
+			// the 50 % alert must come from the carve itself, at once and
+			// with no request id.
+			harness.Eventually(t, func() bool {
+				r, err := ac.ListAlerts(ctx, connect.NewRequest(&adminv1.ListAlertsRequest{OrgId: ten.OrgID}))
+				require.NoError(t, err)
+				for _, a := range r.Msg.Alerts {
+					if a.ThresholdPercent == 50 {
+						require.Empty(t, a.RequestId, "the 50 percent alert comes from the carve")
+						return true
+					}
+				}
+				return false
+			}, 15*time.Second, 50*time.Millisecond, "the carve's 50 percent alert was not listed")
+		}
 		require.NoError(t, p.DP.Drain(ctx))
 	}
 	e := settingsPost(t, p, ten.Token, "", settingsBody)
@@ -62,9 +83,8 @@ func TestBudgetAlertsAndSeedsEndToEnd(t *testing.T) {
 	require.Equal(t, dataplane.CodeBudgetExceeded, e.Error.Code)
 	require.Contains(t, e.Error.Message, "spend $30.000000")
 
-	// Alerts: soft ($1, crossed at $10), 50 % ($12.5, at $20), 85/95/100 %
-	// (at $30) — each exactly once.
-	ac := adminv1connect.NewAlertServiceClient(http.DefaultClient, d.Admin, connect.WithInterceptors(harness.BearerInterceptor(testBootstrap)))
+	// Alerts: soft ($1, crossed at $10), 50 % ($12.5, by the carve above),
+	// 85/95/100 % (at $30) — each exactly once.
 	var got []int32
 	harness.Eventually(t, func() bool {
 		r, err := ac.ListAlerts(ctx, connect.NewRequest(&adminv1.ListAlertsRequest{OrgId: ten.OrgID}))
