@@ -2,8 +2,11 @@ package upstream
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -60,20 +63,20 @@ func TestMetricsPollerHangingEndpoint(t *testing.T) {
 		_, _ = w.Write([]byte(vllmPage))
 	}))
 	defer ok.Close()
-	var inHang, hangCalls atomic.Int64
+	var hangCalls atomic.Int64
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hangCalls.Add(1)
-		if inHang.Add(1) > 1 {
-			t.Error("two polls of one engine at once")
-		}
 		<-r.Context().Done()
-		inHang.Add(-1)
 	}))
 	defer hang.Close()
+	// Polls of the hanging engine in flight, counted where the poller
+	// makes them (the server sees a poll end only once it notices the
+	// connection closed, after the poller may have started the next).
+	inHang := &inflightTransport{host: strings.TrimPrefix(hang.URL, "http://"), t: t}
 	var st States
 	p := &MetricsPoller{Targets: func() []MetricsTarget {
 		return []MetricsTarget{{ID: "ok", APIBase: ok.URL + "/v1"}, {ID: "hang", APIBase: hang.URL + "/v1"}}
-	}, States: &st, Client: http.DefaultClient, Interval: 20 * time.Millisecond}
+	}, States: &st, Client: &http.Client{Transport: inHang}, Interval: 20 * time.Millisecond}
 	st.Get("hang").Engine.Store(EngineSample{Running: 1, At: time.Now()})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -104,6 +107,43 @@ func TestMetricsPollerHangingEndpoint(t *testing.T) {
 	if hangCalls.Load() == 0 {
 		t.Fatal("the hanging engine was never polled")
 	}
+}
+
+// inflightTransport counts the requests to host in flight (from the
+// round trip's start until it fails or its body is closed) and fails the
+// test if two overlap.
+type inflightTransport struct {
+	host string
+	t    *testing.T
+	n    atomic.Int64
+}
+
+func (it *inflightTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Host != it.host {
+		return http.DefaultTransport.RoundTrip(r)
+	}
+	if it.n.Add(1) > 1 {
+		it.t.Error("two polls of one engine at once")
+	}
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil {
+		it.n.Add(-1)
+		return nil, err
+	}
+	resp.Body = &countedBody{ReadCloser: resp.Body, n: &it.n}
+	return resp, nil
+}
+
+// countedBody ends its request's count when closed (once).
+type countedBody struct {
+	io.ReadCloser
+	n    *atomic.Int64
+	once sync.Once
+}
+
+func (b *countedBody) Close() error {
+	b.once.Do(func() { b.n.Add(-1) })
+	return b.ReadCloser.Close()
 }
 
 func TestMetricsURL(t *testing.T) {
