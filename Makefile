@@ -118,7 +118,8 @@ bench-brownout: services
 ## PROXY_PPROF=127.0.0.1:port serves the binary's profiler (--pprof-labels: by key); reports each key's throughput against
 ## the key without limits on the same data plane and client (median of the rounds' ratios, min–max), added p50,
 ## CPU per request of the bench process, of the whole machine and of NATS, control plane and Postgres, allocations
-## and Redis CPU per request. SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
+## and Redis CPU per request, and per key and round the share of the cores a hypervisor gave to other guests (steal).
+## SLUICE_BENCH_CPUPROFILE=file profiles the first group with the limited key.
 bench-limits: services
 	SLUICE_BENCH_ROUNDS=$${SLUICE_BENCH_ROUNDS:-5} $(GO) test -run '^$$' -bench '^BenchmarkLimitsOverhead$$' -benchtime 1x -timeout 20m -v ./e2e/system/
 

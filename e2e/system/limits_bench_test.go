@@ -445,23 +445,43 @@ type llRig struct {
 }
 
 // machineBusy is the CPU time all of the machine's cores spent outside
-// idle and iowait so far (/proc/stat, 10 ms ticks).
+// idle and iowait, and outside steal: the time the hypervisor gave to
+// other guests while this machine's processes were ready to run (a
+// virtual machine's cores are shared; see machineSteal).
 func machineBusy() time.Duration {
+	busy, _ := machineStat()
+	return busy
+}
+
+// machineSteal is the time the machine's cores were ready to run but the
+// hypervisor ran another guest (/proc/stat steal). A phase with much of it
+// answers fewer requests for reasons that are not its own: measureGroup
+// reports it per key, so that a round's ratio can be read against it.
+func machineSteal() time.Duration {
+	_, steal := machineStat()
+	return steal
+}
+
+// machineStat returns the busy and steal time of /proc/stat's cpu line.
+func machineStat() (busy, steal time.Duration) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
-	var busy int64
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal guest guest_nice
+	var ticks, stolen int64
 	for i, x := range f[1:] {
-		if i == 3 || i == 4 || i >= 8 { // idle, iowait; guest time is in user already
-			continue
-		}
 		v, _ := strconv.ParseInt(x, 10, 64)
-		busy += v
+		switch {
+		case i == 7:
+			stolen = v
+		case i == 3 || i == 4 || i >= 8: // idle, iowait; guest time is in user already
+		default:
+			ticks += v
+		}
 	}
-	return time.Duration(busy) * 10 * time.Millisecond
+	return time.Duration(ticks) * 10 * time.Millisecond, time.Duration(stolen) * 10 * time.Millisecond
 }
 
 // measureRedisIdle measures redis-server's and the whole machine's CPU
@@ -1017,6 +1037,10 @@ type llResult struct {
 	// Postgres's.
 	machinePerReq time.Duration
 	infraPerReq   infraCPU
+	// stealShare is the share of the machine's cores the hypervisor gave
+	// to other guests during the key's turns at c=64 (machineSteal over
+	// the turns' wall time × cores).
+	stealShare float64
 	// cmdsPerWrite is how many commands shared one write to Redis at c=64
 	// (the data plane's pipelining; 0 when it sent none).
 	cmdsPerWrite float64
@@ -1083,6 +1107,7 @@ type llSample struct {
 	done                  int64 // requests answered 200 at c=64
 	cpu, redisCPU         time.Duration
 	machine               time.Duration // machineBusy
+	steal                 time.Duration // machineSteal
 	infra                 infraCPU
 	evalsha, evalshaUsec  int64
 	trickled, trickleUnav int64
@@ -1105,6 +1130,14 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 	settle()
 	// do sends one request of key i on worker w's connection.
 	var do func(w, i int) error
+	// dialRest opens the connections of workers 1 and up (wrk-like
+	// client) just before the c=64 phase: a connection opened earlier
+	// would wait out the warm-up and the c=1 phase without a request, and
+	// a server closes a connection whose first request does not come
+	// within its read-header timeout (the data plane's default is 10 s;
+	// on a slow machine those phases took longer once, and the first
+	// c=64 request on such a connection read EOF).
+	dialRest := func() {}
 	switch client {
 	case llClientGo:
 		c := benchClient()
@@ -1118,11 +1151,23 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 				[][2]string{{"Content-Type", "application/json"}, {"Authorization", "Bearer " + tok}}, []byte(benchChatBody))
 		}
 		conns := make([]*rawhttp.Conn, llBenchConcurrency)
-		for w := range conns {
+		defer func() {
+			for _, c := range conns {
+				if c != nil {
+					_ = c.Close()
+				}
+			}
+		}()
+		dial := func(w int) {
 			c, err := rawhttp.Dial(host)
 			require.NoError(tb, err)
-			defer c.Close()
 			conns[w] = c
+		}
+		dial(0)
+		dialRest = func() {
+			for w := 1; w < len(conns); w++ {
+				dial(w)
+			}
 		}
 		do = func(w, i int) error {
 			st, body, err := conns[w].Do(reqs[i])
@@ -1146,7 +1191,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 	for range 200 {
 		for i := range toks {
 			_, err := chat(0, i)
-			require.NoError(tb, err)
+			require.NoError(tb, err, "warm-up, key %d", i)
 		}
 	}
 	lat := make([][]time.Duration, len(toks))
@@ -1154,7 +1199,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		for i := range toks {
 			t0 := time.Now()
 			ok, err := chat(0, i)
-			require.NoError(tb, err)
+			require.NoError(tb, err, "c=1, key %d", i)
 			if ok {
 				lat[i] = append(lat[i], time.Since(t0))
 			}
@@ -1164,6 +1209,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		res[i].p50, res[i].p99 = harness.Percentile(lat[i], 50), harness.Percentile(lat[i], 99)
 	}
 	settle()
+	dialRest()
 
 	var done atomic.Int64
 	var cur atomic.Int32
@@ -1186,7 +1232,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		if r.infra != nil {
 			inf = r.infra()
 		}
-		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: machineBusy(), infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
+		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: machineBusy(), steal: machineSteal(), infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
 			trickled: r.trickled.Load(), trickleUnav: r.trickleUnavailable.Load(), sliceCalls: r.sliceCalls(),
 			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc, proxyCPU: proxyCPU()}
 	}
@@ -1226,10 +1272,11 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 					inflight.Add(-1)
 					continue
 				}
-				ok, err := chat(w, int(cur.Load()))
+				key := int(cur.Load())
+				ok, err := chat(w, key)
 				inflight.Add(-1)
 				if err != nil {
-					failed.Store(err)
+					failed.Store(fmt.Errorf("c=%d, worker %d, key %d: %w", llBenchConcurrency, w, key, err))
 					cancel()
 					return
 				}
@@ -1265,6 +1312,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		a.d.done += s.done - prev.done
 		a.d.cpu += s.cpu - prev.cpu
 		a.d.machine += s.machine - prev.machine
+		a.d.steal += s.steal - prev.steal
 		a.d.infra.nats += s.infra.nats - prev.infra.nats
 		a.d.infra.control += s.infra.control - prev.infra.control
 		a.d.infra.postgres += s.infra.postgres - prev.infra.postgres
@@ -1305,6 +1353,7 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		x.cpuPerReq = a.d.cpu / time.Duration(n)
 		x.proxyCPUPerReq = a.d.proxyCPU / time.Duration(n)
 		x.machinePerReq = a.d.machine / time.Duration(n)
+		x.stealShare = float64(a.d.steal) / float64(a.elapsed*time.Duration(runtime.NumCPU()))
 		x.infraPerReq = a.d.infra.div(n)
 		// The trickle's requests are 2 EVALSHA each, admitted or timed
 		// out (admission and settlement, or admission and cancellation;
@@ -1598,6 +1647,8 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 		sliceAudit.on, sliceAudit.local, sliceAudit.onBefore, sliceAudit.sliceCalls)
 	fmt.Fprintf(&sb, "redis-server CPU with only the background running (the trickle, idle data planes): %.1f ms per second; the whole machine's: %.1f ms per second\n",
 		r.redisIdle/1e6, r.machineIdle/1e6)
+	fmt.Fprintf(&sb, "steal (in the rounds below): the share of the machine's cores the hypervisor gave to other guests during a key's turns at c=%d "+
+		"(/proc/stat; 0 on a machine of its own); machine CPU/req leaves it out\n", llBenchConcurrency)
 	fmt.Fprintf(&sb, "| phase | data plane, load client | p50 (c=1) | added p50 | req/s (c=%d) | on/off, off through the same data plane (median of rounds; min–max) | "+
 		"on/off, off through the exact data plane | CPU/req (bench process) | CPU/req (machine) | CPU/req (NATS, control plane, Postgres) | allocations/req (bench process) | EVALSHA/req | slice calls (all rounds) | redis-server CPU/req | of which not the background | 503 (all rounds) |\n"+
 		"|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", llBenchConcurrency)
@@ -1626,25 +1677,28 @@ func BenchmarkLimitsOverhead(b *testing.B) {
 			us(x.f.infraPerReq.nats), us(x.f.infraPerReq.control), us(x.f.infraPerReq.postgres), x.f.allocsPerReq, x.f.bytesPerReq/1024, x.f.evalshaPerReq, x.f.sliceCalls, us(x.f.redisCPUPerReq), us(x.f.redisNetPerReq), x.f.unavailable)
 	}
 	for i := range offSliced {
-		fmt.Fprintf(&sb, "round %d, sliced data plane: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+		fmt.Fprintf(&sb, "round %d, sliced data plane: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s; steal off %.1f %%, every kind %.1f %%, rpm/tpm only %.1f %%\n", i+1,
 			offSliced[i].rps, onSliced[i].rps, onSliced[i].rps/offSliced[i].rps, rateSliced[i].rps, rateSliced[i].rps/offSliced[i].rps,
 			us(offSliced[i].cpuPerReq), us(onSliced[i].cpuPerReq), us(rateSliced[i].cpuPerReq),
-			us(offSliced[i].machinePerReq), us(onSliced[i].machinePerReq), us(rateSliced[i].machinePerReq))
+			us(offSliced[i].machinePerReq), us(onSliced[i].machinePerReq), us(rateSliced[i].machinePerReq),
+			100*offSliced[i].stealShare, 100*onSliced[i].stealShare, 100*rateSliced[i].stealShare)
 	}
 	for i := range offRaw {
-		fmt.Fprintf(&sb, "round %d, sliced data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+		fmt.Fprintf(&sb, "round %d, sliced data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s; steal off %.1f %%, every kind %.1f %%, rpm/tpm only %.1f %%\n", i+1,
 			offRaw[i].rps, onRaw[i].rps, onRaw[i].rps/offRaw[i].rps, rateRaw[i].rps, rateRaw[i].rps/offRaw[i].rps,
 			us(offRaw[i].cpuPerReq), us(onRaw[i].cpuPerReq), us(rateRaw[i].cpuPerReq),
-			us(offRaw[i].machinePerReq), us(onRaw[i].machinePerReq), us(rateRaw[i].machinePerReq))
+			us(offRaw[i].machinePerReq), us(onRaw[i].machinePerReq), us(rateRaw[i].machinePerReq),
+			100*offRaw[i].stealShare, 100*onRaw[i].stealShare, 100*rateRaw[i].stealShare)
 	}
 	fmt.Fprintf(&sb, "the binary data plane (`sluice proxy`, a process of its own; the table's CPU/req (bench process) is then the client's and the upstream's): "+
 		"its own CPU/req off %s, every kind %s (+%s), rpm/tpm only %s (+%s); allocations are the bench process's\n",
 		us(fbo.proxyCPUPerReq), us(fbn.proxyCPUPerReq), us(fbn.proxyCPUPerReq-fbo.proxyCPUPerReq), us(fbr.proxyCPUPerReq), us(fbr.proxyCPUPerReq-fbo.proxyCPUPerReq))
 	for i := range offBin {
-		fmt.Fprintf(&sb, "round %d, binary data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); proxy CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s\n", i+1,
+		fmt.Fprintf(&sb, "round %d, binary data plane, raw client: req/s off %.0f, every kind %.0f (%.3f×), rpm/tpm only %.0f (%.3f×); proxy CPU/req off %s, every kind %s, rpm/tpm only %s; machine CPU/req off %s, every kind %s, rpm/tpm only %s; steal off %.1f %%, every kind %.1f %%, rpm/tpm only %.1f %%\n", i+1,
 			offBin[i].rps, onBin[i].rps, onBin[i].rps/offBin[i].rps, rateBin[i].rps, rateBin[i].rps/offBin[i].rps,
 			us(offBin[i].proxyCPUPerReq), us(onBin[i].proxyCPUPerReq), us(rateBin[i].proxyCPUPerReq),
-			us(offBin[i].machinePerReq), us(onBin[i].machinePerReq), us(rateBin[i].machinePerReq))
+			us(offBin[i].machinePerReq), us(onBin[i].machinePerReq), us(rateBin[i].machinePerReq),
+			100*offBin[i].stealShare, 100*onBin[i].stealShare, 100*rateBin[i].stealShare)
 	}
 	// The paired ratios of the every-kind key through slices with each
 	// client (issue 15's throughput target) as metrics.
