@@ -5,8 +5,11 @@ import (
 	"encoding/base64"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -58,8 +61,34 @@ func TestPprofRefusesNonLoopbackAddresses(t *testing.T) {
 	}
 }
 
+// freeLoopbackAddr returns a loopback address whose port was free a
+// moment ago, for a process under test to listen on.
+//
+// The port is taken below the kernel's ephemeral range when it can be:
+// a port of that range, free when it is picked, can be given to another
+// test's outgoing connection before the process under test binds it (CI
+// saw "address already in use" once). Below the range only another
+// listener picking the same port at random can take it.
 func freeLoopbackAddr(t *testing.T) string {
 	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				low = v
+			}
+		}
+	}
+	if low > 11000 {
+		for range 50 {
+			ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(10000+rand.IntN(low-10000)))
+			if err == nil {
+				addr := ln.Addr().String()
+				_ = ln.Close()
+				return addr
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer func() { _ = ln.Close() }()
