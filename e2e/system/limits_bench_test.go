@@ -447,22 +447,17 @@ type llRig struct {
 // machineBusy is the CPU time all of the machine's cores spent outside
 // idle and iowait, and outside steal: the time the hypervisor gave to
 // other guests while this machine's processes were ready to run (a
-// virtual machine's cores are shared; see machineSteal).
+// virtual machine's cores are shared; see machineStat).
 func machineBusy() time.Duration {
 	busy, _ := machineStat()
 	return busy
 }
 
-// machineSteal is the time the machine's cores were ready to run but the
-// hypervisor ran another guest (/proc/stat steal). A phase with much of it
-// answers fewer requests for reasons that are not its own: measureGroup
-// reports it per key, so that a round's ratio can be read against it.
-func machineSteal() time.Duration {
-	_, steal := machineStat()
-	return steal
-}
-
-// machineStat returns the busy and steal time of /proc/stat's cpu line.
+// machineStat returns the busy time (machineBusy) and the steal time of
+// /proc/stat's cpu line: the time the machine's cores were ready to run
+// but the hypervisor ran another guest. A phase with much steal answers
+// fewer requests for reasons that are not its own: measureGroup reports it
+// per key, so that a round's ratio can be read against it.
 func machineStat() (busy, steal time.Duration) {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
@@ -1038,7 +1033,7 @@ type llResult struct {
 	machinePerReq time.Duration
 	infraPerReq   infraCPU
 	// stealShare is the share of the machine's cores the hypervisor gave
-	// to other guests during the key's turns at c=64 (machineSteal over
+	// to other guests during the key's turns at c=64 (machineStat's steal over
 	// the turns' wall time × cores).
 	stealShare float64
 	// cmdsPerWrite is how many commands shared one write to Redis at c=64
@@ -1107,7 +1102,7 @@ type llSample struct {
 	done                  int64 // requests answered 200 at c=64
 	cpu, redisCPU         time.Duration
 	machine               time.Duration // machineBusy
-	steal                 time.Duration // machineSteal
+	steal                 time.Duration // machineStat's steal
 	infra                 infraCPU
 	evalsha, evalshaUsec  int64
 	trickled, trickleUnav int64
@@ -1135,8 +1130,8 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 	// would wait out the warm-up and the c=1 phase without a request, and
 	// a server closes a connection whose first request does not come
 	// within its read-header timeout (the data plane's default is 10 s;
-	// on a slow machine those phases took longer once, and the first
-	// c=64 request on such a connection read EOF).
+	// the likely cause of a run on a disturbed machine whose first c=64
+	// request on such a connection read EOF).
 	dialRest := func() {}
 	switch client {
 	case llClientGo:
@@ -1232,7 +1227,8 @@ func (r *llRig) measureGroup(tb testing.TB, p *proxy, toks []string, rc *llRESP,
 		if r.infra != nil {
 			inf = r.infra()
 		}
-		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: machineBusy(), steal: machineSteal(), infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
+		busy, steal := machineStat()
+		return llSample{at: time.Now(), done: done.Load(), cpu: cpuTime(), machine: busy, steal: steal, infra: inf, redisCPU: rc.redisCPU(tb), evalsha: ev, evalshaUsec: usec,
 			trickled: r.trickled.Load(), trickleUnav: r.trickleUnavailable.Load(), sliceCalls: r.sliceCalls(),
 			mallocs: ms.Mallocs, allocBytes: ms.TotalAlloc, proxyCPU: proxyCPU()}
 	}
